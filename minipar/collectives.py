@@ -1,0 +1,334 @@
+"""Collectives from scratch: short visible loops on ``send`` / ``recv`` / ``sendrecv``.
+
+    mpiexec -n 4 python -m mpi4py -c "import minipar, numpy as np; from minipar.collectives import all_reduce; \
+        c = minipar.init(); print(all_reduce(c, np.arange(6.0) + c.rank, algorithm='ring'))"
+
+Every function takes the communicator first, works for any world size (not only powers of
+two) and any length (also not divisible by the world size, also shorter than it), on NumPy
+arrays (MPI backend) and torch tensors (torch backend) alike. Inputs are never modified.
+
+Costs use the alpha-beta(-gamma) model: a message of n bytes costs ``alpha + n*beta``; reducing
+n bytes costs ``n*gamma``. p = number of ranks, n = bytes of the (full) vector. Formulas in
+``minipar.costmodel`` (the same ones quoted in each docstring).
+
+Chunks follow one rule everywhere (``xp.chunk_bounds``): the first ``n % p`` chunks have one
+extra element. Rank r "owns" chunk r.
+"""
+from __future__ import annotations
+
+from . import xp
+
+ALGORITHMS = ("naive", "tree", "recursive_doubling", "ring", "rabenseifner")
+OPS = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
+TAG = 1000  # collectives use their own tags so they never match a user's tag-0 messages
+
+
+def _check(comm, op="sum", root=None):
+    if op not in OPS:
+        raise ValueError(f"op={op!r}: choose one of {sorted(OPS)}")
+    if root is not None and (not isinstance(root, int) or not 0 <= root < comm.size):
+        raise ValueError(f"root={root!r} is not a rank of this communicator (size {comm.size})")
+
+
+def _combine(acc, incoming, op):
+    """acc <- acc (op) incoming, in place."""
+    getattr(xp.native(acc), OPS[op])(acc, incoming, out=acc)
+
+
+def _rows(x):
+    """Elements per axis-0 row: chunking a C-contiguous array along axis 0 is chunking its flat view."""
+    return xp.size(x) // x.shape[0] if x.ndim and x.shape[0] else 1
+
+
+# --------------------------------------------------------------------------- broadcast / reduce
+
+
+def broadcast(comm, x, root=0):
+    """Binomial-tree broadcast. On ``root`` x is the data; elsewhere x is a buffer of the same
+    shape and dtype, filled in place and returned.
+
+    Round k: every rank that already has the data sends it to the rank 2^k further (relative to
+    root). Cost: ceil(log2 p) * (alpha + n*beta).
+    """
+    _check(comm, root=root)
+    x = xp.contiguous(x)
+    p, vr = comm.size, (comm.rank - root) % comm.size  # vr: my rank counted from the root
+    with comm.region("broadcast:tree", "collective"):
+        mask = 1
+        while mask < p:  # receive once, from the rank that differs in my lowest set bit
+            if vr & mask:
+                comm.recv(x, (vr - mask + root) % p, TAG)
+                break
+            mask <<= 1
+        mask >>= 1
+        while mask > 0:  # then forward to my children, farthest first
+            if vr + mask < p:
+                comm.send(x, (vr + mask + root) % p, TAG)
+            mask >>= 1
+    return x
+
+
+def reduce(comm, x, root=0, op="sum"):
+    """Binomial-tree reduction: returns the reduction of every rank's x on ``root``, None elsewhere.
+
+    The broadcast tree run backwards: each rank adds what its children send, then sends the
+    partial result to its parent. Cost: ceil(log2 p) * (alpha + n*beta + n*gamma).
+    """
+    _check(comm, op, root)
+    p, vr = comm.size, (comm.rank - root) % comm.size
+    acc, tmp = xp.copy(x), xp.empty(x.shape, like=x)
+    with comm.region("reduce:tree", "collective"):
+        mask = 1
+        while mask < p:
+            if vr & mask:  # my subtree is done: hand it to my parent and stop
+                comm.send(acc, (vr - mask + root) % p, TAG + 1)
+                return None
+            if vr + mask < p:  # add my child's subtree
+                comm.recv(tmp, (vr + mask + root) % p, TAG + 1)
+                _combine(acc, tmp, op)
+            mask <<= 1
+    return acc
+
+
+# --------------------------------------------------------------------------- ring building blocks
+
+
+def _ring_reduce_scatter(comm, buf, bounds, op, tmp, observe=None):
+    """In place on flat ``buf``: after p-1 steps rank r holds the reduced chunk r.
+
+    Step s: send chunk (r-s-1) to the right, receive chunk (r-s-2) from the left and add it in.
+    A chunk starts at the rank after its owner and travels p-1 hops, growing by one term per hop.
+    ``observe(phase, step, sent_chunk, received_chunk, buf)``, if given, sees every step.
+    """
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    for s in range(p - 1):
+        sa, sb = bounds[(r - s - 1) % p]
+        ra, rb = bounds[(r - s - 2) % p]
+        comm.sendrecv(buf[sa:sb], right, tmp[: rb - ra], left, TAG + 2)
+        _combine(buf[ra:rb], tmp[: rb - ra], op)
+        if observe:
+            observe("reduce-scatter", s, (r - s - 1) % p, (r - s - 2) % p, buf)
+
+
+def _ring_all_gather(comm, buf, bounds, observe=None):
+    """In place on flat ``buf`` where rank r has chunk r: after p-1 steps everyone has all.
+
+    Step s: pass chunk (r-s) to the right, receive chunk (r-s-1) from the left straight into place.
+    """
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    for s in range(p - 1):
+        sa, sb = bounds[(r - s) % p]
+        ra, rb = bounds[(r - s - 1) % p]
+        comm.sendrecv(buf[sa:sb], right, buf[ra:rb], left, TAG + 3)
+        if observe:
+            observe("all-gather", s, (r - s) % p, (r - s - 1) % p, buf)
+
+
+def reduce_scatter(comm, x, op="sum"):
+    """Ring reduce-scatter along axis 0: returns this rank's chunk of the elementwise reduction.
+
+    Every rank sends and receives (p-1)/p of the vector once.
+    Cost: (p-1) * alpha + (p-1)/p * n * (beta + gamma).
+    """
+    _check(comm, op)
+    k = _rows(x)
+    bounds = [(a * k, b * k) for a, b in xp.chunk_bounds(x.shape[0], comm.size)]
+    buf = xp.flat(xp.copy(x))
+    tmp = xp.empty((max(b - a for a, b in bounds),), like=buf)
+    with comm.region("reduce_scatter:ring", "collective"):
+        _ring_reduce_scatter(comm, buf, bounds, op, tmp)
+    a, b = xp.chunk_bounds(x.shape[0], comm.size)[comm.rank]
+    return xp.copy(buf[a * k: b * k]).reshape((b - a,) + tuple(x.shape[1:]))
+
+
+def all_gather(comm, x, counts=None):
+    """Ring all-gather: the concatenation along axis 0 of every rank's x, on every rank.
+
+    ``counts[r]`` is rank r's axis-0 length (default: all equal to this rank's). A wrong count
+    shows up as a clear message-size error. Cost: (p-1) * alpha + (p-1)/p * n * beta, n = output bytes.
+    """
+    counts = [x.shape[0]] * comm.size if counts is None else list(counts)
+    if len(counts) != comm.size or counts[comm.rank] != x.shape[0]:
+        raise ValueError(f"counts={counts}: need one axis-0 length per rank ({comm.size}), "
+                         f"and counts[{comm.rank}] must equal x.shape[0]={x.shape[0]}")
+    k, starts = _rows(x), [sum(counts[:i]) for i in range(comm.size)]
+    bounds = [(s * k, (s + c) * k) for s, c in zip(starts, counts)]
+    out = xp.empty((sum(counts),) + tuple(x.shape[1:]), like=x)
+    buf = xp.flat(out)
+    a, b = bounds[comm.rank]
+    buf[a:b] = xp.flat(xp.contiguous(x))
+    with comm.region("all_gather:ring", "collective"):
+        _ring_all_gather(comm, buf, bounds)
+    return out
+
+
+# --------------------------------------------------------------------------- all-reduce
+
+
+def all_reduce(comm, x, algorithm="ring", op="sum"):
+    """The reduction of every rank's x, on every rank (a new array; x is untouched).
+
+    algorithm: "naive", "tree", "recursive_doubling", "ring" or "rabenseifner" — see each
+    ``_all_reduce_*`` below for its loop and cost.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r}: choose one of {ALGORITHMS}")
+    _check(comm, op)
+    buf = xp.copy(x)
+    with comm.region(f"all_reduce:{algorithm}", "collective"):
+        _ALL_REDUCE[algorithm](comm, xp.flat(buf), op)
+    return buf
+
+
+def _all_reduce_naive(comm, buf, op):
+    """Rank 0 receives every vector in turn, adds, and sends the sum to every rank in turn.
+
+    Cost: (p-1) * (alpha + n*beta + n*gamma) + (p-1) * (alpha + n*beta). Rank 0's link carries
+    2(p-1)n bytes: the bottleneck the other algorithms remove.
+    """
+    if comm.rank == 0:
+        tmp = xp.empty(buf.shape, like=buf)
+        for src in range(1, comm.size):
+            comm.recv(tmp, src, TAG + 4)
+            _combine(buf, tmp, op)
+        for dst in range(1, comm.size):
+            comm.send(buf, dst, TAG + 5)
+    else:
+        comm.send(buf, 0, TAG + 4)
+        comm.recv(buf, 0, TAG + 5)
+
+
+def _all_reduce_tree(comm, buf, op):
+    """Binomial reduce to rank 0, then binomial broadcast from it.
+
+    Cost: 2 ceil(log2 p) (alpha + n*beta) + ceil(log2 p) n*gamma.
+    """
+    total = reduce(comm, buf, 0, op)
+    if comm.rank == 0:
+        buf[...] = total
+    broadcast(comm, buf, 0)
+
+
+def _fold(comm, buf, op, tmp):
+    """Make a power-of-two group out of any p (the MPICH way).
+
+    With pof2 = largest power of two <= p and rem = p - pof2, each of the first rem even ranks
+    sends its vector to its odd neighbour and sits out. Returns (virtual rank or -1, pof2,
+    real rank of virtual rank v). Costs alpha + n*beta (+ n*gamma) extra when p is not a power of two.
+    """
+    p, r = comm.size, comm.rank
+    pof2 = 1 << (p.bit_length() - 1)
+    rem = p - pof2
+    real = lambda v: 2 * v + 1 if v < rem else v + rem  # noqa: E731
+    if r < 2 * rem:
+        if r % 2 == 0:
+            comm.send(buf, r + 1, TAG + 6)
+            return -1, pof2, real
+        comm.recv(tmp, r - 1, TAG + 6)
+        _combine(buf, tmp, op)
+        return r // 2, pof2, real
+    return r - rem, pof2, real
+
+
+def _unfold(comm, buf):
+    """Give the ranks that sat out in ``_fold`` the final result."""
+    r, rem = comm.rank, comm.size - (1 << (comm.size.bit_length() - 1))
+    if r < 2 * rem:
+        if r % 2 == 0:
+            comm.recv(buf, r + 1, TAG + 7)
+        else:
+            comm.send(buf, r - 1, TAG + 7)
+
+
+def _all_reduce_recursive_doubling(comm, buf, op):
+    """Round k: exchange the whole vector with the rank whose (virtual) number differs in bit k.
+
+    After log2 p rounds everyone has the sum. Few messages, but each carries all n bytes, so it
+    suits short vectors. Cost: log2(p) * (alpha + n*beta + n*gamma) (+ fold/unfold for p not 2^k).
+    """
+    tmp = xp.empty(buf.shape, like=buf)
+    v, pof2, real = _fold(comm, buf, op, tmp)
+    if v >= 0:
+        mask = 1
+        while mask < pof2:
+            partner = real(v ^ mask)
+            comm.sendrecv(buf, partner, tmp, partner, TAG + 8)
+            _combine(buf, tmp, op)
+            mask <<= 1
+    _unfold(comm, buf)
+
+
+def _all_reduce_ring(comm, buf, op):
+    """Ring reduce-scatter, then ring all-gather: bandwidth-optimal for long vectors.
+
+    Each rank sends 2(p-1)/p * n bytes in 2(p-1) messages.
+    Cost: 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma.
+    """
+    bounds = xp.chunk_bounds(buf.shape[0], comm.size)
+    tmp = xp.empty((max(b - a for a, b in bounds),), like=buf)
+    _ring_reduce_scatter(comm, buf, bounds, op, tmp)
+    _ring_all_gather(comm, buf, bounds)
+
+
+def _all_reduce_rabenseifner(comm, buf, op):
+    """Recursive halving (reduce-scatter) then recursive doubling (all-gather).
+
+    Halving: exchange half of my current range with the partner at distance pof2/2, keep and
+    reduce my half; then a quarter at distance pof2/4 ... until I own chunk v. Doubling: the
+    same steps backwards, swapping owned ranges until everyone has everything.
+    Cost: 2 log2(p) alpha + 2(p-1)/p n beta + (p-1)/p n gamma (+ fold/unfold for p not 2^k).
+    """
+    tmp = xp.empty(buf.shape, like=buf)
+    v, pof2, real = _fold(comm, buf, op, tmp)
+    if v >= 0:
+        bounds = xp.chunk_bounds(buf.shape[0], pof2)
+        span = lambda lo, hi: (bounds[lo][0], bounds[hi - 1][1])  # noqa: E731  chunks -> elements
+        lo, hi, mask = 0, pof2, pof2 // 2
+        while mask:  # recursive halving
+            partner, mid = real(v ^ mask), (lo + hi) // 2
+            (klo, khi), (slo, shi) = ((lo, mid), (mid, hi)) if not v & mask else ((mid, hi), (lo, mid))
+            (ka, kb), (sa, sb) = span(klo, khi), span(slo, shi)
+            comm.sendrecv(buf[sa:sb], partner, tmp[ka:kb], partner, TAG + 9)
+            _combine(buf[ka:kb], tmp[ka:kb], op)
+            lo, hi, mask = klo, khi, mask // 2
+        mask = 1
+        while mask < pof2:  # recursive doubling of the owned range
+            partner, width = real(v ^ mask), hi - lo
+            plo = lo + width if not v & mask else lo - width
+            (ma, mb), (pa, pb) = span(lo, hi), span(plo, plo + width)
+            comm.sendrecv(buf[ma:mb], partner, buf[pa:pb], partner, TAG + 10)
+            lo, hi, mask = min(lo, plo), max(hi, plo + width), mask << 1
+    _unfold(comm, buf)
+
+
+_ALL_REDUCE = {
+    "naive": _all_reduce_naive,
+    "tree": _all_reduce_tree,
+    "recursive_doubling": _all_reduce_recursive_doubling,
+    "ring": _all_reduce_ring,
+    "rabenseifner": _all_reduce_rabenseifner,
+}
+
+
+# --------------------------------------------------------------------------- all-to-all
+
+
+def all_to_all(comm, x):
+    """Chunk j of x (along axis 0) goes to rank j; returns the chunks received, in rank order.
+
+    Pairwise exchange: in step s every rank sends to r+s and receives from r-s, so each step is
+    a permutation and no link is used twice. Cost: (p-1) * (alpha + n/p * beta).
+    """
+    p, r = comm.size, comm.rank
+    if x.shape[0] % p:
+        raise ValueError(f"all_to_all: x.shape[0]={x.shape[0]} must be divisible by the number of ranks p={p}")
+    c = x.shape[0] // p
+    src_x, out = xp.contiguous(x), xp.empty(x.shape, like=x)
+    out[r * c:(r + 1) * c] = src_x[r * c:(r + 1) * c]
+    with comm.region("all_to_all:pairwise", "collective"):
+        for s in range(1, p):
+            dst, src = (r + s) % p, (r - s) % p
+            comm.sendrecv(src_x[dst * c:(dst + 1) * c], dst, out[src * c:(src + 1) * c], src, TAG + 11)
+    return out

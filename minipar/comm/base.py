@@ -1,0 +1,210 @@
+"""The communicator interface every lesson is written against.
+
+A ``Comm`` is a group of ranks that can talk point to point. Lessons receive one as their
+first argument (``ring_all_reduce(comm, x)``), never from a global, so the same code runs on
+the world, on a row of a process grid, or on ``COMM_SELF``.
+
+Point to point (what the from-scratch collectives are built from)::
+
+    comm.send(x, dst, tag=0)             # blocks until the receiver has started receiving
+    buf = comm.recv(buf, src, tag=0)     # fills buf (same shape and dtype as the message)
+    req = comm.isend(x, dst); req.wait() # non-blocking versions
+    req = comm.irecv(buf, src); buf = req.wait()
+    comm.sendrecv(x, dst, buf, src)      # both at once: the building block of every ring
+    comm.barrier()
+    sub = comm.split(color, key)         # sub-communicators, like MPI_Comm_split
+
+``comm.builtin`` exposes the engine's own collectives (MPI_Allreduce, dist.all_reduce, ...)
+and object transport: lessons never use it for their algorithm, tests and benchmarks use it
+as the reference.
+
+This base class validates arguments, keeps the watchdog informed and records trace events;
+a backend implements only the underscored primitives.
+"""
+from __future__ import annotations
+
+import time
+
+from .. import xp
+from ..trace import Tracer
+
+
+class Request:
+    """A pending non-blocking operation; ``wait()`` blocks until it is done."""
+
+    def __init__(self, comm, op, peer, tag, nbytes, wait_fn, result=None):
+        self._comm, self._op, self._peer, self._tag, self._nbytes = comm, op, peer, tag, nbytes
+        self._wait_fn, self._result, self._done = wait_fn, result, False
+        self._t0 = time.perf_counter()
+
+    def wait(self):
+        """Block until done; an ``irecv`` returns its filled buffer."""
+        if not self._done:
+            c = self._comm
+            where = ("to" if self._op == "isend" else "from") + f" rank {c.world_rank(self._peer)}"
+            c.watchdog.enter(f"wait({self._op})", where, self._tag, self._nbytes)
+            self._wait_fn()
+            c.watchdog.leave()
+            self._done = True
+            if c.tracer.enabled:
+                c.tracer.record(self._op, c.name, self._t0, time.perf_counter(), self._nbytes,
+                                c.world_rank(self._peer))
+        return self._result
+
+    def test(self) -> bool:
+        return self._done
+
+
+def wait_all(requests):
+    """Wait for every request; returns their results."""
+    return [r.wait() for r in requests]
+
+
+class Comm:
+    """Interface + the shared checking/tracing wrapper. Backends subclass it."""
+
+    backend = "abstract"
+
+    def __init__(self, rank, size, world_ranks, tracer: Tracer, watchdog, name="world"):
+        self.rank = rank
+        self.size = size
+        self.world_ranks = list(world_ranks)  # world rank of each rank of this comm
+        self.tracer = tracer
+        self.watchdog = watchdog
+        self.name = name
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name} rank {self.rank}/{self.size}>"
+
+    def world_rank(self, r: int) -> int:
+        return self.world_ranks[r] if 0 <= r < self.size else r
+
+    # --------------------------------------------------------------- argument checks
+    def _check_peer(self, peer, what):
+        if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < self.size:
+            raise ValueError(f"{what}={peer!r} is not a rank of this communicator (size {self.size})")
+
+    def _check_tag(self, tag):
+        if not isinstance(tag, int) or tag < 0:
+            raise ValueError(f"tag={tag!r} must be a non-negative int")
+
+    def _check_array(self, x, what):
+        """Backends accept their own array kind; say clearly when handed the other one."""
+        raise NotImplementedError
+
+    def _blocking(self, op, peer, tag, nbytes, fn, *args):
+        """Run ``fn(*args)`` as one blocking call, visible to the watchdog and the tracer."""
+        wd = self.watchdog
+        where = ("to" if op == "send" else "from" if op == "recv" else "with") + f" rank {self.world_rank(peer)}"
+        wd.enter(op, where, tag, nbytes)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        wd.leave()
+        if self.tracer.enabled:
+            self.tracer.record(op, self.name, t0, time.perf_counter(), nbytes, self.world_rank(peer))
+        return out
+
+    # --------------------------------------------------------------- point to point
+    def send(self, x, dst: int, tag: int = 0) -> None:
+        """Send array ``x`` to rank ``dst``; returns once the receiver has started receiving."""
+        self._check_peer(dst, "dst")
+        self._check_tag(tag)
+        x = self._check_array(x, "x")
+        self._blocking("send", dst, tag, xp.nbytes(x), self._send, x, dst, tag)
+
+    def recv(self, buf, src: int, tag: int = 0):
+        """Receive from rank ``src`` into ``buf`` (an array of the message's shape and dtype)."""
+        self._check_peer(src, "src")
+        self._check_tag(tag)
+        buf = self._check_array(buf, "buf", writable=True)
+        return self._blocking("recv", src, tag, xp.nbytes(buf), self._recv, buf, src, tag)
+
+    def isend(self, x, dst: int, tag: int = 0) -> Request:
+        """Start sending ``x``; ``x`` must not be modified until ``wait()`` returns."""
+        self._check_peer(dst, "dst")
+        self._check_tag(tag)
+        x = self._check_array(x, "x")
+        return Request(self, "isend", dst, tag, xp.nbytes(x), self._isend(x, dst, tag))
+
+    def irecv(self, buf, src: int, tag: int = 0) -> Request:
+        """Start receiving into ``buf``; ``wait()`` returns it once filled."""
+        self._check_peer(src, "src")
+        self._check_tag(tag)
+        buf = self._check_array(buf, "buf", writable=True)
+        return Request(self, "irecv", src, tag, xp.nbytes(buf), self._irecv(buf, src, tag), buf)
+
+    def sendrecv(self, x, dst: int, buf, src: int, sendtag: int = 0, recvtag: int | None = None):
+        """Send ``x`` to ``dst`` and receive from ``src`` into ``buf`` at the same time.
+
+        Never deadlocks on a ring, whatever the order the ranks call it in. Returns ``buf``.
+        Traced as one event whose bytes are the bytes sent.
+        """
+        recvtag = sendtag if recvtag is None else recvtag
+        self._check_peer(dst, "dst")
+        self._check_peer(src, "src")
+        self._check_tag(sendtag)
+        self._check_tag(recvtag)
+        x = self._check_array(x, "x")
+        buf = self._check_array(buf, "buf", writable=True)
+        self._blocking("sendrecv", dst, sendtag, xp.nbytes(x), self._sendrecv, x, dst, buf, src, sendtag, recvtag)
+        return buf
+
+    def barrier(self) -> None:
+        """Wait until every rank of this communicator has called ``barrier``."""
+        self.watchdog.enter("barrier", f"on {self.name}", None, 0)
+        t0 = time.perf_counter()
+        self._barrier()
+        self.watchdog.leave()
+        if self.tracer.enabled:
+            self.tracer.record("barrier", self.name, t0, time.perf_counter())
+
+    def split(self, color: int | None, key: int = 0, name: str | None = None):
+        """Sub-communicators: ranks with the same ``color`` form one, ordered by ``(key, rank)``.
+
+        ``color=None`` gives ``None`` (the rank joins no sub-communicator). Collective: every
+        rank of this communicator must call it.
+        """
+        if color is not None and (not isinstance(color, int) or color < 0):
+            raise ValueError(f"color={color!r} must be a non-negative int or None")
+        return self._split(color, key, name or f"{self.name}/{color}")
+
+    def region(self, name: str, kind: str = "compute"):
+        """Trace a named region of this rank's work: ``with comm.region("forward"): ...``."""
+        return self.tracer.region(name, kind)
+
+    # --------------------------------------------------------------- backend primitives
+    def _send(self, x, dst, tag):
+        raise NotImplementedError
+
+    def _recv(self, buf, src, tag):
+        raise NotImplementedError
+
+    def _isend(self, x, dst, tag):
+        raise NotImplementedError
+
+    def _irecv(self, buf, src, tag):
+        raise NotImplementedError
+
+    def _sendrecv(self, x, dst, buf, src, sendtag, recvtag):
+        raise NotImplementedError
+
+    def _barrier(self):
+        raise NotImplementedError
+
+    def _split(self, color, key, name):
+        raise NotImplementedError
+
+    def empty(self, shape, dtype="float64"):
+        """A new uninitialised array of this backend's kind, on its compute device."""
+        raise NotImplementedError
+
+    def asarray(self, a):
+        """NumPy array ``a`` as this backend's kind (same dtype), on its compute device."""
+        raise NotImplementedError
+
+
+def message_size_error(comm, op, peer, expected, got):
+    return ValueError(
+        f"{op}: the message from rank {comm.world_rank(peer)} has {got} bytes but buf holds "
+        f"{expected} bytes: buf must have the shape and dtype of what was sent"
+    )

@@ -1,0 +1,235 @@
+"""The torch backend: torch tensors over torch.distributed.
+
+Rank and size come from ``torchrun``'s environment (RANK, WORLD_SIZE, LOCAL_RANK) or, when the
+script was started by ``mpiexec``, from MPI (rank 0 then picks a free port for the rendezvous
+and announces it with MPI's broadcast).
+
+Which engine carries the bytes:
+
+* ``device="cpu"``: gloo.
+* ``device="cuda"`` and every rank on a host has its own GPU: NCCL, tensors stay on the GPU.
+* ``device="cuda"`` and ranks must share a GPU (e.g. 4 ranks, 1 GPU): NCCL refuses two ranks
+  on one device, so compute stays on the GPU and communication goes through gloo with host
+  staging: each send copies the tensor to the CPU, each recv lands in a CPU buffer and is
+  copied back to the GPU. Correct, but the copies cost bandwidth: benchmark numbers in this
+  mode measure PCIe + gloo, not NVLink.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from .base import Comm
+from ..xp import chunk_bounds
+
+_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
+        "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def torch_op(op):
+    try:
+        return _OPS[op]
+    except KeyError:
+        raise ValueError(f"op={op!r}: choose one of {sorted(_OPS)}") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous():
+    """(rank, size, local_rank) for this process, setting MASTER_ADDR/PORT when needed."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    from mpi4py import MPI  # started by mpiexec (or plain python: a world of one)
+
+    world = MPI.COMM_WORLD
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(world.bcast(_free_port() if world.rank == 0 else None, 0))
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    return world.rank, world.size, local.rank
+
+
+def choose_engine(device: str, local_size: int) -> str:
+    if device == "cpu":
+        return "gloo"
+    if not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+    return "nccl" if torch.cuda.device_count() >= local_size else "gloo"
+
+
+class TorchComm(Comm):
+    backend = "torch"
+
+    def __init__(self, group, device, engine, tracer, watchdog, name="world"):
+        size = dist.get_world_size(group)
+        ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(size)]
+        super().__init__(dist.get_rank(group), size, ranks, tracer, watchdog, name)
+        self.group, self.device, self.engine = group, torch.device(device), engine
+        self.staging = engine == "gloo" and self.device.type == "cuda"  # host staging
+        self.builtin = TorchBuiltin(self)
+
+    def _check_array(self, x, what, writable=False):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{what}: the torch backend works on torch tensors, got {type(x).__name__}; "
+                            f"use minipar.init(backend='mpi') for NumPy arrays")
+        if not x.is_contiguous():
+            raise ValueError(f"{what}: tensor must be contiguous (call .contiguous())")
+        return x
+
+    # staging: what actually goes on the wire
+    def _out(self, x):
+        return x.cpu() if self.staging else x
+
+    def _in(self, buf):
+        return torch.empty(buf.shape, dtype=buf.dtype) if self.staging else buf
+
+    def _kw(self, peer, key):
+        return {"group": self.group, key: peer} if self.group is not None else {key[6:]: peer}
+
+    def _wrap(self, op, peer, buf, fn):
+        try:
+            return fn()
+        except RuntimeError as err:
+            raise RuntimeError(f"{op} with rank {self.world_rank(peer)} failed (is buf the shape "
+                               f"{tuple(buf.shape)} and dtype {buf.dtype} of what was sent?): {err}") from None
+
+    def _send(self, x, dst, tag):
+        dist.send(self._out(x), tag=tag, **self._kw(dst, "group_dst"))
+
+    def _recv(self, buf, src, tag):
+        tmp = self._in(buf)
+        self._wrap("recv", src, buf, lambda: dist.recv(tmp, tag=tag, **self._kw(src, "group_src")))
+        if tmp is not buf:
+            buf.copy_(tmp)
+        return buf
+
+    def _isend(self, x, dst, tag):
+        work = dist.isend(self._out(x), tag=tag, **self._kw(dst, "group_dst"))
+        return work.wait
+
+    def _irecv(self, buf, src, tag):
+        tmp = self._in(buf)
+        work = dist.irecv(tmp, tag=tag, **self._kw(src, "group_src"))
+
+        def wait():
+            self._wrap("irecv", src, buf, work.wait)
+            if tmp is not buf:
+                buf.copy_(tmp)
+
+        return wait
+
+    def _sendrecv(self, x, dst, buf, src, sendtag, recvtag):
+        wait_recv = self._irecv(buf, src, recvtag)
+        wait_send = self._isend(x, dst, sendtag)
+        wait_send()
+        wait_recv()
+        return buf
+
+    def _barrier(self):
+        dist.barrier(group=self.group)
+
+    def _split(self, color, key, name):
+        everyone = self.builtin.allgather_object((color, key, self.world_rank(self.rank)))
+        if color is None:
+            return None
+        members = sorted((k, w) for c, k, w in everyone if c == color)
+        ranks = [w for _, w in members]
+        group = dist.new_group(ranks, use_local_synchronization=True, sort_ranks=False)
+        return TorchComm(group, self.device, self.engine, self.tracer, self.watchdog, name)
+
+    def empty(self, shape, dtype="float64"):
+        return torch.empty(shape, dtype=getattr(torch, str(dtype)), device=self.device)
+
+    def asarray(self, a):
+        return torch.as_tensor(a).to(self.device).contiguous()
+
+
+class TorchBuiltin:
+    """torch.distributed's own collectives: the reference for tests and benchmarks."""
+
+    def __init__(self, comm: TorchComm):
+        self.comm, self.group = comm, comm.group
+
+    def _run(self, name, fn, *args, **kw):
+        c = self.comm
+        c.watchdog.enter(f"builtin {name}", f"on {c.name}", None, 0)
+        out = fn(*args, **kw)
+        c.watchdog.leave()
+        return out
+
+    def _stage(self, x):
+        return x.cpu().clone() if self.comm.staging else x.clone()
+
+    def _back(self, t, like):
+        return t.to(like.device)
+
+    def all_reduce(self, x, op="sum"):
+        out = self._stage(x.contiguous())
+        self._run("all_reduce", dist.all_reduce, out, op=torch_op(op), group=self.group)
+        return self._back(out, x)
+
+    def broadcast(self, x, root=0):
+        t = self._stage(x)
+        self._run("broadcast", dist.broadcast, t, group_src=root, group=self.group)
+        x.copy_(t)
+        return x
+
+    def reduce(self, x, root=0, op="sum"):
+        t = self._stage(x.contiguous())
+        self._run("reduce", dist.reduce, t, group_dst=root, op=torch_op(op), group=self.group)
+        return self._back(t, x) if self.comm.rank == root else None
+
+    def all_gather(self, x):
+        """Concatenation along axis 0 (axis-0 lengths may differ: padded to the longest)."""
+        rows = self.allgather_object(int(x.shape[0]))
+        t = self._stage(x.contiguous())
+        pad = torch.zeros((max(rows),) + tuple(x.shape[1:]), dtype=x.dtype, device=t.device)
+        pad[: x.shape[0]] = t
+        parts = [torch.empty_like(pad) for _ in rows]
+        self._run("all_gather", dist.all_gather, parts, pad, group=self.group)
+        return self._back(torch.cat([p[:n] for p, n in zip(parts, rows)]), x)
+
+    def reduce_scatter(self, x, op="sum"):
+        """This rank's chunk of the reduction. gloo has no reduce-scatter, so the reference
+        here is all_reduce followed by taking the chunk (same numbers, more traffic)."""
+        a, b = chunk_bounds(x.shape[0], self.comm.size)[self.comm.rank]
+        return self.all_reduce(x, op)[a:b].clone()
+
+    def all_to_all(self, x):
+        t = self._stage(x.contiguous())
+        ins = list(torch.chunk(t, self.comm.size))
+        outs = [torch.empty_like(c) for c in ins]
+        self._run("all_to_all", dist.all_to_all, outs, ins, group=self.group)
+        return self._back(torch.cat(outs), x)
+
+    def barrier(self):
+        self._run("barrier", dist.barrier, group=self.group)
+
+    def bcast_object(self, obj, root=0):
+        box = [obj]
+        self._run("bcast_object", dist.broadcast_object_list, box, group_src=root, group=self.group)
+        return box[0]
+
+    def gather_object(self, obj, root=0):
+        out = self.allgather_object(obj)
+        return out if self.comm.rank == root else None
+
+    def allgather_object(self, obj):
+        out = [None] * self.comm.size
+        self._run("allgather_object", dist.all_gather_object, out, obj, group=self.group)
+        return out
+
+    def send_object(self, obj, dst, tag=77):
+        self._run("send_object", dist.send_object_list, [obj], group_dst=dst, group=self.group)
+
+    def recv_object(self, src, tag=77):
+        box = [None]
+        self._run("recv_object", dist.recv_object_list, box, group_src=src, group=self.group)
+        return box[0]

@@ -1,0 +1,93 @@
+"""Lesson 1 on real ranks: every collective against the engine's own, and a ring walkthrough.
+
+    from minipar import launch
+    out = launch(4, "minipar.lessons.collectives:verify")
+    out = launch(4, "minipar.lessons.collectives:ring_walkthrough", n=8)
+
+Numerics: inputs are fresh random draws seeded per (seed, rank). float64 results must match
+the builtin to 1e-12 relative (only the summation order differs: at most p terms, error ~p*eps);
+float32 to 1e-5 relative (float32 eps is 6e-8, times p terms); int64 exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import collectives as C
+from ..xp import chunk_bounds, to_numpy
+
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "int64": 0.0}
+DEFAULT_LENGTHS = (1, 2, 3, 7, 8, 13, 64, 1000)
+
+
+def draw(comm, n, dtype, seed=0, rank=None):
+    """Rank ``rank``'s (default: mine) random input of length n: same draw on every backend."""
+    rng = np.random.default_rng([seed, comm.rank if rank is None else rank, n])
+    a = rng.integers(-50, 50, size=n) if dtype == "int64" else rng.standard_normal(n)
+    return comm.asarray(a.astype(dtype))
+
+
+def rel_error(got, want) -> float:
+    got, want = to_numpy(got).astype(np.float64), to_numpy(want).astype(np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    if got.size == 0:
+        return 0.0
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300))
+
+
+def verify(comm, lengths=DEFAULT_LENGTHS, dtypes=("float64", "float32", "int64"), seed=0):
+    """Run every from-scratch collective against ``comm.builtin``; one record per case.
+
+    Returns [{"collective", "dtype", "n", "error", "tolerance", "ok"}, ...] (same on every rank
+    for the all-* collectives; broadcast/reduce roots vary with n).
+    """
+    out = []
+
+    def record(name, dtype, n, got, want):
+        err = rel_error(got, want)
+        tol = TOLERANCE[dtype]
+        out.append({"collective": name, "dtype": dtype, "n": n, "error": err, "tolerance": tol,
+                    "ok": bool(err <= tol), "rank": comm.rank})
+
+    b = comm.builtin
+    for dtype in dtypes:
+        for n in lengths:
+            x = draw(comm, n, dtype, seed)
+            want = b.all_reduce(x)
+            for alg in C.ALGORITHMS:
+                record(f"all_reduce:{alg}", dtype, n, C.all_reduce(comm, x, alg), want)
+            record("reduce_scatter", dtype, n, C.reduce_scatter(comm, x), b.reduce_scatter(x))
+            lo, hi = chunk_bounds(n, comm.size)[comm.rank]
+            counts = [q - p for p, q in chunk_bounds(n, comm.size)]
+            mine = x[lo:hi]
+            record("all_gather", dtype, n, C.all_gather(comm, mine, counts), b.all_gather(mine))
+            root = n % comm.size
+            got = C.broadcast(comm, x if comm.rank == root else comm.empty(n, dtype), root)
+            record("broadcast", dtype, n, got, b.broadcast(draw(comm, n, dtype, seed, rank=root) if comm.rank != root else x, root))
+            red, ref = C.reduce(comm, x, root), b.reduce(x, root)
+            if comm.rank == root:
+                record("reduce", dtype, n, red, ref)
+            elif red is not None:
+                record("reduce", dtype, n, red, np.full(1, np.nan))  # non-roots must get None
+            y = draw(comm, comm.size * n, dtype, seed + 1)
+            record("all_to_all", dtype, n, C.all_to_all(comm, y), b.all_to_all(y))
+    return out
+
+
+def ring_walkthrough(comm, n=8, seed=0):
+    """Ring all-reduce on a tiny vector, recording every rank's buffer after every step.
+
+    Returns {"input": x, "steps": [(phase, step, sent_chunk, received_chunk, buf), ...],
+    "result", "error"} for this rank; buffers as NumPy copies. The loop is the library's own
+    ``_ring_reduce_scatter`` / ``_ring_all_gather``, only observed.
+    """
+    x = comm.asarray(np.round(np.random.default_rng([seed, comm.rank]).uniform(0, 9, n)))
+    buf = x.copy() if hasattr(x, "copy") else x.clone()
+    steps = []
+    observe = lambda phase, s, sent, got, b: steps.append((phase, s, sent, got, to_numpy(b).copy()))  # noqa: E731
+    bounds = chunk_bounds(n, comm.size)
+    tmp = comm.empty(max(b - a for a, b in bounds), str(x.dtype).replace("torch.", ""))
+    C._ring_reduce_scatter(comm, buf, bounds, "sum", tmp, observe)
+    C._ring_all_gather(comm, buf, bounds, observe)
+    return {"input": to_numpy(x).copy(), "bounds": bounds, "steps": steps,
+            "result": to_numpy(buf).copy(), "error": rel_error(buf, comm.builtin.all_reduce(x))}
