@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["init", "launch", "__version__"]
+__all__ = ["init", "launch", "LaunchError", "__version__"]
 
 
 def init(backend: str = "mpi", **kwargs):
@@ -20,8 +20,16 @@ def init(backend: str = "mpi", **kwargs):
     return _init(backend, **kwargs)
 
 
-def launch(n: int, target, **kwargs):
-    """Run ``target(comm, **kwargs)`` on ``n`` real ranks (see :func:`minipar.launch.launch`)."""
-    from .launch import launch as _launch
+def launch(n: int, target, /, **kwargs):
+    """Run ``target(comm, **kwargs)`` on ``n`` real ranks (see :func:`minipar.launcher.launch`)."""
+    from .launcher import launch as _launch
 
     return _launch(n, target, **kwargs)
+
+
+def __getattr__(name):
+    if name == "LaunchError":
+        from .launcher import LaunchError
+
+        return LaunchError
+    raise AttributeError(f"module 'minipar' has no attribute {name!r}")

@@ -73,6 +73,8 @@ class Watchdog:
         st = self.state
         if st is not None:
             op, where, tag, nbytes, t0 = st
+            if self.finished:
+                return f"finished its work, waiting for the others in {op} {where} for {now - t0:.1f} s"
             tag_s = f" tag {tag}" if tag is not None else ""
             return f"blocked in {op} {where}{tag_s} ({nbytes} bytes) for {now - t0:.1f} s"
         if self.finished:

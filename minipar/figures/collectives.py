@@ -1,0 +1,66 @@
+"""Figures of lesson 1: the ring all-reduce step by step, and busbw vs message size.
+
+    minipar figures --only collectives
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..launcher import launch
+
+
+def plot_ring_steps(path, walk, title="Ring all-reduce on 4 ranks, step by step"):
+    """One row per step (start, reduce-scatter steps, all-gather steps), one panel per rank.
+
+    Each cell is one element of that rank's buffer; colour = which chunk it belongs to; a thick
+    frame marks the chunk the rank has just received.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p, bounds = len(walk), walk[0]["bounds"]
+    n = len(walk[0]["input"])
+    steps = [("start", -1, None, None, None)] + walk[0]["steps"]
+    chunk_of = np.zeros(n, int)
+    for c, (a, b) in enumerate(bounds):
+        chunk_of[a:b] = c
+    colours = plt.get_cmap("Pastel1")(np.arange(p))
+    fig, axes = plt.subplots(1, p, figsize=(2.3 * p + 1, 0.55 * len(steps) + 1.6), sharey=True)
+    for r, ax in enumerate(axes):
+        rows = [walk[r]["input"]] + [s[4] for s in walk[r]["steps"]]
+        for i, (row, st) in enumerate(zip(rows, [None] + walk[r]["steps"])):
+            got = st[3] if st else None
+            for j, val in enumerate(row):
+                ax.add_patch(plt.Rectangle((j, i), 1, 1, fc=colours[chunk_of[j]],
+                                           ec="k", lw=2.2 if got is not None and chunk_of[j] == got else 0.4))
+                ax.text(j + 0.5, i + 0.5, f"{val:g}", ha="center", va="center", fontsize=7)
+        ax.set_xlim(0, n)
+        ax.set_ylim(len(rows), 0)
+        ax.set_title(f"rank {r}")
+        ax.set_xticks(np.arange(n) + 0.5, [f"c{c}" for c in chunk_of], fontsize=7)
+        ax.set_xlabel("buffer element (chunk)")
+    labels = ["input"] + [f"{ph} {s + 1}" for ph, s, *_ in steps[1:]]
+    axes[0].set_yticks(np.arange(len(labels)) + 0.5, labels, fontsize=8)
+    fig.suptitle(title + "\n(thick frame: the chunk received in that step; after reduce-scatter rank r owns chunk r)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def make(outdir, quick=False, backend="mpi", device=None):
+    """Run the walkthrough and the all-reduce benchmark on 4 ranks and draw both figures."""
+    from ..bench import collectives as B
+
+    os.makedirs(outdir, exist_ok=True)
+    walk = launch(4, "minipar.lessons.collectives:ring_walkthrough", backend=backend, device=device, quiet=True, n=8).results
+    paths = [plot_ring_steps(os.path.join(outdir, "collectives_ring_steps.png"), walk)]
+    sizes = [8 * 8**k for k in range(7)] + [4 << 20] if quick else None
+    res = launch(4, "minipar.bench.collectives:run", backend=backend, device=device, quiet=True,
+                 sizes=sizes, budget=0.02 if quick else 0.3, verbose=False).results[0]
+    paths.append(B.plot(res, os.path.join(outdir, "collectives_busbw.png")))
+    return paths

@@ -1,0 +1,36 @@
+import os
+import pathlib
+
+import pytest
+
+# ranks started by minipar.launch import rank-side test helpers as ``tests.ranks``
+ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+
+# one BLAS thread per rank: ranks are oversubscribed on small machines
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+def has_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def has_cuda():
+    if not has_torch():
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs CUDA (run on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda():
+            item.add_marker(skip_gpu)

@@ -1,0 +1,55 @@
+"""Rank-side helpers for the tests (launched with minipar.launch as ``tests.ranks:NAME``)."""
+import numpy as np
+
+from minipar import collectives as C
+from minipar.lessons.collectives import draw, rel_error, verify
+from minipar.trace import bytes_sent, count
+
+
+def broken_ring(comm):
+    """verify() must notice a ring all-gather that stops one step early (a planted bug)."""
+    good = C._ring_all_gather
+
+    def one_step_short(comm, buf, bounds, observe=None):
+        p, r = comm.size, comm.rank
+        for s in range(p - 2):  # BUG: p - 1 steps are needed
+            sa, sb = bounds[(r - s) % p]
+            ra, rb = bounds[(r - s - 1) % p]
+            comm.sendrecv(buf[sa:sb], (r + 1) % p, buf[ra:rb], (r - 1) % p, C.TAG + 3)
+
+    C._ring_all_gather = one_step_short
+    try:
+        return verify(comm, lengths=(8, 12), dtypes=("float64",))
+    finally:
+        C._ring_all_gather = good
+
+
+def split_collectives(comm):
+    """Collectives on sub-communicators (rows of a 2 x p/2 grid) vs the builtin on the same."""
+    sub = comm.split(comm.rank % 2, key=comm.rank)
+    errs = []
+    for n in (1, 5, 16):
+        x = draw(comm, n, "float64")
+        want = sub.builtin.all_reduce(x)
+        for alg in C.ALGORITHMS:
+            errs.append(rel_error(C.all_reduce(sub, x, alg), want))
+    return {"sub_size": sub.size, "world_ranks": sub.world_ranks, "max_error": max(errs)}
+
+
+def traced_ring(comm, n=1200):
+    """One traced ring all-reduce: what the trace says each rank sent."""
+    comm.tracer.enabled = True
+    comm.tracer.clear()
+    x = draw(comm, n, "float64")
+    C.all_reduce(comm, x, "ring")
+    ev = comm.tracer.events
+    return {"sendrecv": count(ev, kind="sendrecv"), "bytes": bytes_sent(ev, comm.world_rank(comm.rank)),
+            "collective": count(ev, kind="collective", name="all_reduce:ring")}
+
+
+def untraced(comm):
+    x = draw(comm, 64, "float64")
+    C.all_reduce(comm, x, "ring")
+    with comm.region("compute"):
+        np.dot(np.ones(3), np.ones(3))
+    return len(comm.tracer.events)
