@@ -1,0 +1,206 @@
+"""Forward/backward pairs with the backward written by hand, each right beside its forward.
+
+    y, ctx = linear_forward(x, w, b)          # forward returns the output and what backward needs
+    dx = linear_backward_input(dy, ctx)        # gradient w.r.t. the input ...
+    dw, db = linear_backward_weight(dy, ctx)   # ... and w.r.t. the weights, as two separate calls
+
+Pure functions: no state, nothing cached between calls. Each docstring says what ``ctx`` holds,
+because that is the activation memory a layer keeps alive between its forward and its backward.
+
+All math goes through the array namespace of the inputs (``xp = namespace(x)``), so the same
+lines run on NumPy arrays and on torch tensors (CPU or CUDA). Shapes: B batch, T sequence
+length, C = d_model channels, nh heads, hs = C // nh head size, V classes.
+"""
+from __future__ import annotations
+
+import math
+
+from ..xp import device, namespace, size
+
+# --------------------------------------------------------------------------- linear
+
+
+def linear_forward(x, w, b=None):
+    """y = x @ w + b, with w of shape (d_in, d_out) and x of shape (..., d_in).
+
+    Saved for backward: ctx = (x, w, has_bias). x is needed for dw, w for dx.
+    """
+    y = x @ w  # (..., d_out)
+    if b is not None:
+        y = y + b
+    return y, (x, w, b is not None)
+
+
+def linear_backward_input(dy, ctx):
+    """dx = dy @ w.T: the part of the backward that the previous layer is waiting for."""
+    _, w, _ = ctx
+    return dy @ namespace(w).matrix_transpose(w)  # (..., d_in)
+
+
+def linear_backward_weight(dy, ctx):
+    """(dw, db): every leading position of x contributes an outer product x_i^T dy_i.
+
+    db is None when the forward had no bias.
+    """
+    x, w, has_bias = ctx
+    xp = namespace(dy)
+    x2 = xp.reshape(x, (-1, w.shape[0]))  # (N, d_in), N = product of leading dims
+    dy2 = xp.reshape(dy, (-1, w.shape[1]))  # (N, d_out)
+    dw = xp.matrix_transpose(x2) @ dy2  # (d_in, d_out)
+    db = xp.sum(dy2, axis=0) if has_bias else None  # (d_out,)
+    return dw, db
+
+
+# --------------------------------------------------------------------------- GeLU (tanh approximation)
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+def gelu_forward(x):
+    """y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)  (GPT-2's GeLU,
+    ``torch.nn.functional.gelu(x, approximate="tanh")``).
+
+    Saved for backward: ctx = (x, tanh(u)).
+    """
+    xp = namespace(x)
+    t = xp.tanh(_GELU_C * (x + _GELU_A * x**3))
+    return 0.5 * x * (1.0 + t), (x, t)
+
+
+def gelu_backward(dy, ctx):
+    """dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
+    x, t = ctx
+    du = _GELU_C * (1.0 + 3.0 * _GELU_A * x**2)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+
+
+# --------------------------------------------------------------------------- softmax
+
+
+def softmax_forward(x, axis=-1):
+    """y = exp(x - max) / sum(exp(x - max)) along ``axis`` (subtracting the max avoids overflow).
+
+    Saved for backward: ctx = (y, axis); the output is all the backward needs.
+    """
+    xp = namespace(x)
+    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
+    y = e / xp.sum(e, axis=axis, keepdims=True)
+    return y, (y, axis)
+
+
+def softmax_backward(dy, ctx):
+    """dx = y * (dy - sum(dy * y)): the Jacobian diag(y) - y y^T applied without forming it."""
+    y, axis = ctx
+    xp = namespace(dy)
+    return y * (dy - xp.sum(dy * y, axis=axis, keepdims=True))
+
+
+# --------------------------------------------------------------------------- layernorm
+
+
+def layernorm_forward(x, gamma, beta, eps=1e-5):
+    """Normalise the last axis to mean 0 / variance 1, then scale by gamma and shift by beta.
+
+    Saved for backward: ctx = (xhat, rstd, gamma), xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps).
+    """
+    xp = namespace(x)
+    mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
+    var = xp.mean((x - mu) ** 2, axis=-1, keepdims=True)  # (..., 1), biased like torch
+    rstd = 1.0 / xp.sqrt(var + eps)  # (..., 1)
+    xhat = (x - mu) * rstd  # (..., C)
+    return xhat * gamma + beta, (xhat, rstd, gamma)
+
+
+def layernorm_backward_input(dy, ctx):
+    """dx. With g = dy * gamma (the gradient w.r.t. xhat):
+
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+
+    the two mean terms are the gradient flowing back through the mean and through the variance.
+    """
+    xhat, rstd, gamma = ctx
+    xp = namespace(dy)
+    g = dy * gamma  # (..., C)
+    mean_g = xp.mean(g, axis=-1, keepdims=True)  # (..., 1)
+    mean_gx = xp.mean(g * xhat, axis=-1, keepdims=True)  # (..., 1)
+    return rstd * (g - mean_g - xhat * mean_gx)  # (..., C)
+
+
+def layernorm_backward_weight(dy, ctx):
+    """(dgamma, dbeta), each summed over every leading position."""
+    xhat, _, gamma = ctx
+    xp = namespace(dy)
+    C = gamma.shape[0]
+    dgamma = xp.sum(xp.reshape(dy * xhat, (-1, C)), axis=0)  # (C,)
+    dbeta = xp.sum(xp.reshape(dy, (-1, C)), axis=0)  # (C,)
+    return dgamma, dbeta
+
+
+def layernorm_backward(dy, ctx):
+    """(dx, dgamma, dbeta): both halves of the backward at once."""
+    return (layernorm_backward_input(dy, ctx), *layernorm_backward_weight(dy, ctx))
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def attention_forward(q, k, v, causal=True):
+    """Scaled dot-product attention: softmax(q k^T / sqrt(hs), masked if causal) @ v.
+
+    q, k, v: (B, nh, T, hs). With ``causal`` position i attends only to positions j <= i.
+    Saved for backward: ctx = (q, k, v, p, scale), p the (B, nh, T, T) attention probabilities.
+    That T x T matrix per head is what flash attention avoids keeping.
+    """
+    xp = namespace(q)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    att = (q @ xp.matrix_transpose(k)) * scale  # (B, nh, T, T)
+    if causal:
+        T = q.shape[-2]
+        i = xp.arange(T, device=device(q))
+        future = i[None, :] > i[:, None]  # (T, T), True above the diagonal
+        att = xp.where(future, -xp.inf, att)
+    p, _ = softmax_forward(att, axis=-1)  # (B, nh, T, T)
+    return p @ v, (q, k, v, p, scale)  # (B, nh, T, hs)
+
+
+def attention_backward(dout, ctx):
+    """(dq, dk, dv). Masked entries need no special care: p is 0 there, so their gradient is 0."""
+    q, k, v, p, scale = ctx
+    xp = namespace(dout)
+    dv = xp.matrix_transpose(p) @ dout  # (B, nh, T, hs)
+    dp = dout @ xp.matrix_transpose(v)  # (B, nh, T, T)
+    datt = softmax_backward(dp, (p, -1)) * scale  # (B, nh, T, T); (p, -1) is the softmax's ctx
+    dq = datt @ k  # (B, nh, T, hs)
+    dk = xp.matrix_transpose(datt) @ q  # (B, nh, T, hs)
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def mse_loss(pred, target):
+    """(loss, dpred) for loss = mean((pred - target)^2) over all elements.
+
+    The loss is a 0-d array (call ``float(loss)`` for a Python number); dpred = 2 (pred - target) / N.
+    """
+    xp = namespace(pred)
+    diff = pred - target
+    return xp.mean(diff * diff), (2.0 / size(diff)) * diff
+
+
+def cross_entropy(logits, labels):
+    """(loss, dlogits) for the mean over rows of -log softmax(logits)[label].
+
+    logits: (..., V); labels: integer array of the leading shape, same kind/device as logits.
+    The loss is a 0-d array; dlogits = (softmax(logits) - onehot(labels)) / N.
+    """
+    xp = namespace(logits)
+    V = logits.shape[-1]
+    z = logits - xp.max(logits, axis=-1, keepdims=True)  # (..., V)
+    logp = z - xp.log(xp.sum(xp.exp(z), axis=-1, keepdims=True))  # (..., V) log-probabilities
+    classes = xp.arange(V, device=device(logits))
+    onehot = xp.astype(labels[..., None] == classes, logits.dtype)  # (..., V)
+    N = size(labels)
+    loss = -xp.sum(onehot * logp) / N
+    return loss, (xp.exp(logp) - onehot) / N
