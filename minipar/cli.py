@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
             if err.name and name.startswith(err.name):
                 continue  # that lesson is not part of this install yet
             raise
-        for hook, target in (("add_commands", sub), ("add_run_command", rsub), ("add_bench_command", bsub)):
+        for hook, target in (("add_commands", sub), ("add_schedule_command", sub), ("add_run_command", rsub),
+                             ("add_bench_command", bsub)):
             if hasattr(mod, hook):
                 getattr(mod, hook)(target)
     return p
@@ -136,11 +137,10 @@ def cmd_run_collectives(args):
 
     print(f"running every collective on {args.n} ranks ({args.backend}) against the builtin ...")
     out = launch(args.n, "minipar.lessons.collectives:verify", backend=args.backend, trace=bool(args.trace), quiet=True)
-    from .lessons.collectives import summarize
+    from .lessons.collectives import format_rows, summarize
 
     rows = summarize(out.results)
-    for r in rows:
-        print(f"  {'ok  ' if r['ok'] else 'FAIL'} {r['what']:<44} max rel. error {r['error']:.1e} (tolerance {r['tolerance']:.0e})")
+    print(format_rows(rows))
     if args.trace:
         print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events; open in https://ui.perfetto.dev)")
     if args.json:

@@ -119,3 +119,21 @@ def tour(comm):
         m["tolerance"] = 1e-12
         m["ok"] &= r["ok"]
     return list(merged.values())
+
+
+def format_rows(rows) -> str:
+    """The check rows as a small text table (used by ``minipar run`` and the notebook)."""
+    return "\n".join(f"  {'ok  ' if r['ok'] else 'FAIL'} {r['what']:<44} max rel. error {r['error']:.1e} "
+                     f"(tolerance {r['tolerance']:.0e})" for r in rows)
+
+
+def format_walkthrough(walk) -> str:
+    """Every rank's buffer after every step of ``ring_walkthrough`` (one block per step)."""
+    lines = ["input:"] + [f"  rank {r}: {w['input']}" for r, w in enumerate(walk)]
+    for i, (phase, s, sent, got, _) in enumerate(walk[0]["steps"]):
+        lines.append(f"{phase} step {s + 1}: each rank r sends chunk (r{'-' if phase == 'all-gather' else '-1-'}{s}) "
+                     f"and receives the chunk on its left")
+        for r, w in enumerate(walk):
+            ph, _, sent_r, got_r, buf = w["steps"][i]
+            lines.append(f"  rank {r}: {buf}   (sent chunk {sent_r}, received chunk {got_r})")
+    return "\n".join(lines)
