@@ -70,7 +70,7 @@ def time_one(comm, algorithm, x, budget=0.3):
 
 def run(comm, sizes=None, algorithms=ALGS, budget=0.3, verbose=True):
     """Measure; returns {"records": [...], "alpha", "beta", "gamma", "ranks"} on every rank."""
-    sizes = list(sizes or DEFAULT_SIZES)
+    sizes = sorted(set(sizes or DEFAULT_SIZES))
     p = comm.size
     if p > 1:
         fit = pingpong(comm)
