@@ -1,0 +1,189 @@
+"""Run a pipeline Schedule on real ranks: the model is split into stages, activations and
+gradients travel point to point, and the trace gives the measured bubble.
+
+    from minipar.pipeline import one_f_one_b
+    from minipar.pipeline.execute import build_stages, run_schedule, reference_step
+    s = one_f_one_b(p=comm.size, m=4)
+    stages = build_stages(s.total_stages, layers=8, width=16, rng=np.random.default_rng(0))
+    mine = {k: stages[k] for k in range(s.total_stages) if s.stage_to_rank[k] == comm.rank}
+    out = run_schedule(comm, s, mine, microbatches, targets)   # grads accumulate in mine[k]
+    out["loss"]    # on the rank of the last stage: the full-batch loss; None elsewhere
+
+Messages. The activation going *into* stage s for micro-batch i travels with tag
+``2 * (s * m + i)``; the gradient coming *back into* stage s (from stage s+1) with tag
+``2 * (s * m + i) + 1``. Every message of one step therefore has its own tag: nothing can be
+matched with the wrong micro-batch or stage, whatever order the schedule runs them in.
+
+Why isend, and blocking recv. ``comm.send`` is synchronous (it returns once the receiver has
+started receiving), so a blocking send from rank r to rank q waits until q reaches the
+action that receives it. In 1F1B, rank r may send F's output to q while q is itself blocked
+sending a gradient back to r: both wait, a deadlock, although the schedule is valid. So every
+send here is an ``isend``; its request (and the array, which must not change until then) is
+kept and waited for at the end of the step. A receive happens exactly where the action needs
+the data (``recv`` at the start of F / B / I): that wait is a real data dependency of the
+schedule, and since :func:`~minipar.pipeline.validate` proved the schedule deadlock-free with
+dependencies only (lockstep), and sends never block, the execution cannot deadlock either.
+(Pre-posting every irecv would overlap receiving with compute but needs the buffers up front;
+we keep the simple form.) Stages on the same rank (possible when p = 1) hand over in memory.
+
+Loss scaling. The full batch is m equal micro-batches and the loss is the mean over the full
+batch, i.e. (1/m) * sum of the per-micro-batch means, so each micro-batch's output gradient is
+scaled by ``scale = 1/m`` (default) and the gradients summed over micro-batches equal the
+dense full-batch gradients (up to rounding order).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..nn import GeLU, Linear, Sequential, mse_loss
+from ..xp import chunk_bounds
+from .schedules import Action, Schedule, validate
+
+__all__ = ["build_stages", "run_schedule", "reference_step", "measured_bubble", "act_tag", "grad_tag"]
+
+
+def act_tag(stage: int, microbatch: int, m: int) -> int:
+    """Tag of the activation going into ``stage`` for ``microbatch``."""
+    return 2 * (stage * m + microbatch)
+
+
+def grad_tag(stage: int, microbatch: int, m: int) -> int:
+    """Tag of the output gradient coming back into ``stage`` (sent by stage + 1)."""
+    return 2 * (stage * m + microbatch) + 1
+
+
+def build_stages(n_stages: int, layers: int, width: int, rng) -> list[Sequential]:
+    """``layers`` layers (Linear(width, width) + GeLU each, the last one without GeLU), split
+    into ``n_stages`` contiguous Sequential stages by :func:`~minipar.xp.chunk_bounds`.
+
+    Every rank builds all of them from the same seeded ``rng`` and keeps the ones it owns.
+    """
+    all_layers = []
+    for i in range(layers):
+        lin = Linear(width, width, rng)
+        all_layers.append(Sequential(lin, GeLU()) if i < layers - 1 else Sequential(lin))
+    return [Sequential(*all_layers[lo:hi]) for lo, hi in chunk_bounds(layers, n_stages)]
+
+
+def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=mse_loss,
+                 scale=None, shape_of=None, check: bool = True) -> dict:
+    """Execute this rank's action list of ``schedule`` over ``comm`` (one training step).
+
+    stages: {global stage id: module} for the stages this rank owns (stage_to_rank[s] == rank).
+    microbatches / targets: lists of m arrays (inputs are read on stage 0's rank, targets on
+    the last stage's rank; other ranks may pass the same lists). loss(pred, target) ->
+    (loss, dpred), a mean over the micro-batch. scale: factor on each micro-batch's output
+    gradient and loss (default 1/m: the loss is the mean over the full batch). shape_of(stage,
+    i): the shape of the activation entering ``stage`` for micro-batch i (default: the shape of
+    microbatches[i], i.e. every stage keeps the width). Gradients accumulate into the modules.
+
+    Returns {"loss": full-batch loss (float) on the last stage's rank else None, "actions": n}.
+    Each action's compute (and its non-blocking sends) runs inside ``comm.region(str(action))``:
+    compute events named "1F3" etc.; the blocking receive before it is outside, so waiting for
+    a neighbour shows up as idle time in :func:`measured_bubble`.
+    """
+    if check:
+        validate(schedule)
+    if comm.size != schedule.stages:
+        raise ValueError(f"schedule {schedule.name} is for p={schedule.stages} ranks, comm has {comm.size}")
+    m, S, owner, me = schedule.microbatches, schedule.total_stages, schedule.stage_to_rank, comm.rank
+    if len(microbatches) != m or len(targets) != m:
+        raise ValueError(f"need m={m} micro-batches and targets, got {len(microbatches)} and {len(targets)}")
+    for s in stages:
+        if owner[s] != me:
+            raise ValueError(f"stage {s} lives on rank {owner[s]}, not on rank {me}")
+    scale = 1.0 / m if scale is None else scale
+    if shape_of is None:
+        def shape_of(stage, i):
+            return tuple(microbatches[i].shape)
+    dtype = str(microbatches[0].dtype).replace("torch.", "")
+
+    ctxs, dys = {}, {}            # (stage, mb) -> forward ctx / output gradient (kept for W)
+    local = {}                    # messages between stages on the same rank
+    pending = []                  # isend requests: waited for at the end of the step
+    total = None
+
+    def send(x, stage_to, tag):
+        dst = owner[stage_to]
+        if dst == me:
+            local[tag] = x
+        else:
+            pending.append(comm.isend(x, dst, tag))
+
+    def recv(stage_from, stage, i, tag):
+        src = owner[stage_from]
+        if src == me:
+            return local.pop(tag)
+        return comm.recv(comm.empty(shape_of(stage, i), dtype), src, tag)
+
+    for a in schedule.actions[me]:
+        s, kind, i = a
+        mod = stages[s]
+        # receive first, outside the compute region: waiting is idle time, not compute
+        if kind == "F":
+            x = microbatches[i] if s == 0 else recv(s - 1, s, i, act_tag(s, i, m))
+        elif kind in "BI":
+            dy = dys.pop((s, i)) if s == S - 1 else recv(s + 1, s, i, grad_tag(s, i, m))
+        with comm.region(str(a)):
+            if kind == "F":
+                y, ctxs[(s, i)] = mod.forward(x)
+                if s == S - 1:
+                    li, dpred = loss(y, targets[i])
+                    li = float(li) * scale
+                    total = li if total is None else total + li
+                    dys[(s, i)] = dpred * scale
+                else:
+                    send(y, s + 1, act_tag(s + 1, i, m))
+            elif kind in "BI":
+                ctx = ctxs[(s, i)]
+                if kind == "B":
+                    dx = mod.backward(dy, ctx)
+                    del ctxs[(s, i)]
+                else:
+                    dx = mod.backward_input(dy, ctx)
+                    dys[(s, i)] = dy          # W needs it (and the ctx) later
+                if s > 0:
+                    send(dx, s - 1, grad_tag(s - 1, i, m))
+            elif kind == "W":
+                mod.backward_weight(dys.pop((s, i)), ctxs.pop((s, i)))
+            else:
+                raise ValueError(f"unknown action kind in {a}")
+    for req in pending:
+        req.wait()
+    if local or ctxs or dys:
+        raise RuntimeError(f"rank {me}: left over after the step: messages {sorted(local)}, "
+                           f"contexts {sorted(ctxs)}, gradients {sorted(dys)}")
+    return {"loss": total if owner[S - 1] == me else None, "actions": len(schedule.actions[me])}
+
+
+def reference_step(stages, x, target, loss=mse_loss) -> float:
+    """The dense reference: all ``stages`` in order on one process over the full batch ``x``;
+    loss, then backward through every stage (gradients accumulate in the modules). Returns the loss."""
+    ctxs = []
+    for mod in stages:
+        x, ctx = mod.forward(x)
+        ctxs.append(ctx)
+    value, dy = loss(x, target)
+    for mod, ctx in zip(reversed(stages), reversed(ctxs)):
+        dy = mod.backward(dy, ctx)
+    return float(value)
+
+
+def measured_bubble(events, p: int) -> float:
+    """idle / (p * makespan) from a merged trace, counting only compute events named like an
+    action ("1F3"): makespan from the first action's start to the last one's end on any rank."""
+    busy, t0, t1 = [0.0] * p, None, None
+    for e in events:
+        if e.kind != "compute":
+            continue
+        try:
+            Action.parse(e.name)
+        except ValueError:
+            continue
+        busy[e.rank] += e.t_end - e.t_start
+        t0 = e.t_start if t0 is None else min(t0, e.t_start)
+        t1 = e.t_end if t1 is None else max(t1, e.t_end)
+    if t0 is None or t1 <= t0:
+        return 0.0
+    span = t1 - t0
+    return (p * span - sum(busy)) / (p * span)
