@@ -53,3 +53,13 @@ def untraced(comm):
     with comm.region("compute"):
         np.dot(np.ones(3), np.ones(3))
     return len(comm.tracer.events)
+
+
+def grid_groups(comm, dp, pp, tp):
+    """Who is in each of my grid's sub-communicators, and a sum over each axis."""
+    from minipar.grid import Grid
+
+    g = Grid(comm, dp, pp, tp)
+    x = comm.asarray(np.array([float(comm.rank)]))
+    return {"coords": g.coords, "tp": g.tp.world_ranks, "pp": g.pp.world_ranks, "dp": g.dp.world_ranks,
+            "tp_sum": float(C.all_reduce(g.tp, x)[0]), "dp_sum": float(C.all_reduce(g.dp, x)[0])}

@@ -1,0 +1,37 @@
+"""The DP x PP x TP process grid and its sub-communicators.
+
+    grid = Grid(comm, dp=2, pp=2, tp=2)      # 8 ranks
+    grid.tp  # the ranks that share my (dp, pp) coordinates: all-reduce activations here
+    grid.pp  # the ranks that share my (dp, tp): send activations along the pipeline here
+    grid.dp  # the ranks that share my (pp, tp): average gradients here
+
+World rank w sits at ``numpy.arange(world).reshape(dp, pp, tp)[d, p, t] == w``: tensor-parallel
+partners are neighbours (they exchange the most bytes, so they belong on the fastest links,
+inside one node), data-parallel partners are farthest apart (they talk once per step).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Grid:
+    def __init__(self, comm, dp: int = 1, pp: int = 1, tp: int = 1):
+        for name, v in (("dp", dp), ("pp", pp), ("tp", tp)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        if dp * pp * tp != comm.size:
+            raise ValueError(f"a grid of dp={dp} x pp={pp} x tp={tp} needs {dp * pp * tp} ranks, "
+                             f"but the communicator has {comm.size}")
+        self.shape = (dp, pp, tp)
+        self.ranks = np.arange(comm.size).reshape(dp, pp, tp)  # (dp, pp, tp) -> world rank
+        d, p, t = (int(i) for i in np.argwhere(self.ranks == comm.rank)[0])
+        self.coords = (d, p, t)
+        self.world = comm
+        # colour = my coordinates on the two other axes; key = my coordinate on this one
+        self.tp = comm.split(d * pp + p, key=t, name=f"tp(d{d},p{p})")
+        self.pp = comm.split(d * tp + t, key=p, name=f"pp(d{d},t{t})")
+        self.dp = comm.split(p * tp + t, key=d, name=f"dp(p{p},t{t})")
+
+    def __repr__(self):
+        d, p, t = self.coords
+        return f"<Grid dp x pp x tp = {self.shape}; rank {self.world.rank} at (dp={d}, pp={p}, tp={t})>"
