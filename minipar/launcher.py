@@ -89,7 +89,7 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
         cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "minipar._worker",
                spec_path, result_path]
         limit = job_timeout or ((watchdog or 600) + 120)
-        code, output = run_streaming(cmd, limit, echo=not quiet)
+        code, output = run_streaming(cmd, limit, echo=not quiet, env=rank_env())
         if code != 0 or not os.path.exists(result_path):
             raise LaunchError(f"{n}-rank job {spec['target']} failed (exit code {code}):\n"
                               f"{_tail(output)}", output, code)
@@ -98,6 +98,17 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
         return LaunchResult(res["results"], res["trace"], output)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def rank_env(env=None) -> dict:
+    """The ranks' environment: ours, with one BLAS thread per rank unless set otherwise.
+
+    Ranks are often more than cores here; several BLAS threads per rank would fight over them.
+    """
+    env = dict(os.environ if env is None else env)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(var, "1")
+    return env
 
 
 def run_streaming(cmd, limit: float, echo: bool = True, env=None):

@@ -63,3 +63,25 @@ def grid_groups(comm, dp, pp, tp):
     x = comm.asarray(np.array([float(comm.rank)]))
     return {"coords": g.coords, "tp": g.tp.world_ranks, "pp": g.pp.world_ranks, "dp": g.dp.world_ranks,
             "tp_sum": float(C.all_reduce(g.tp, x)[0]), "dp_sum": float(C.all_reduce(g.dp, x)[0])}
+
+
+def test_then_wait(comm):
+    """irecv.test() is False before the matching send is posted, True (buffer filled) after."""
+    x = comm.asarray(np.arange(3.0) + comm.rank)
+    buf = comm.asarray(np.zeros(3))
+    if comm.rank == 1:
+        req = comm.irecv(buf, 0, tag=3)
+        early = req.test()
+        comm.barrier()  # rank 0 posts its send only after this
+        import time
+
+        t0 = time.monotonic()
+        while not req.test() and time.monotonic() - t0 < 10:
+            time.sleep(0.001)
+        return {"early": early, "late": req.test(), "buf": [float(v) for v in buf], "again": req.wait() is buf}
+    comm.barrier()
+    if comm.rank == 0:
+        req = comm.isend(x, 1, tag=3)
+        req.wait()
+        return {"sent": req.test()}
+    return {}

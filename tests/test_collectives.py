@@ -64,3 +64,16 @@ def test_sub_communicators(backend):
     assert [r["sub_size"] for r in out.results] == [3, 2, 3, 2, 3]
     assert out.results[0]["world_ranks"] == [0, 2, 4] and out.results[1]["world_ranks"] == [1, 3]
     assert max(r["max_error"] for r in out.results) <= 1e-12
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_request_test_asks_the_engine(backend):
+    if backend == "torch" and not has_torch():
+        pytest.skip("torch not installed")
+    out = launch(2, "tests.ranks:test_then_wait", backend=backend, quiet=True)
+    # gloo's p2p work reports completion only inside wait() (see torch_backend): late stays False
+    late = backend == "mpi"
+    assert out.results[1] == {"early": False, "late": late, "buf": [0.0, 1.0, 2.0], "again": True}
+    assert out.results[0] == {"sent": True}

@@ -13,11 +13,11 @@ def in_mpi_job() -> bool:
 
 def relaunch(n: int, argv: list[str]) -> int:
     """Re-run this same command on n ranks: mpiexec -n N python -m mpi4py -m minipar ARGV."""
-    from ..launcher import mpiexec, run_streaming
+    from ..launcher import mpiexec, rank_env, run_streaming
 
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "minipar", *argv]
     print("launching:", " ".join(cmd[:3] + ["python"] + cmd[4:]), flush=True)
-    code, _ = run_streaming(cmd, limit=3600, env={**os.environ, "MINIPAR_IN_JOB": "1"})
+    code, _ = run_streaming(cmd, limit=3600, env=rank_env({**os.environ, "MINIPAR_IN_JOB": "1"}))
     return code
 
 

@@ -30,12 +30,20 @@ from ..trace import Tracer
 
 
 class Request:
-    """A pending non-blocking operation; ``wait()`` blocks until it is done."""
+    """A pending non-blocking operation: ``wait()`` blocks until it is done, ``test()`` asks
+    the engine without blocking."""
 
-    def __init__(self, comm, op, peer, tag, nbytes, wait_fn, result=None):
+    def __init__(self, comm, op, peer, tag, nbytes, pending, result=None):
         self._comm, self._op, self._peer, self._tag, self._nbytes = comm, op, peer, tag, nbytes
-        self._wait_fn, self._result, self._done = wait_fn, result, False
+        self._wait_fn, self._test_fn = pending  # the backend's (wait, test) pair
+        self._result, self._done = result, False
         self._t0 = time.perf_counter()
+
+    def _finish(self):
+        self._done = True
+        c = self._comm
+        if c.tracer.enabled:
+            c.tracer.record(self._op, c.name, self._t0, time.perf_counter(), self._nbytes, c.world_rank(self._peer))
 
     def wait(self):
         """Block until done; an ``irecv`` returns its filled buffer."""
@@ -45,13 +53,13 @@ class Request:
             c.watchdog.enter(f"wait({self._op})", where, self._tag, self._nbytes)
             self._wait_fn()
             c.watchdog.leave()
-            self._done = True
-            if c.tracer.enabled:
-                c.tracer.record(self._op, c.name, self._t0, time.perf_counter(), self._nbytes,
-                                c.world_rank(self._peer))
+            self._finish()
         return self._result
 
     def test(self) -> bool:
+        """True once the operation has completed (an irecv's buffer is then filled)."""
+        if not self._done and self._test_fn():
+            self._finish()
         return self._done
 
 
@@ -180,6 +188,7 @@ class Comm:
         raise NotImplementedError
 
     def _isend(self, x, dst, tag):
+        """Start a send; return (wait, test) callables."""
         raise NotImplementedError
 
     def _irecv(self, buf, src, tag):

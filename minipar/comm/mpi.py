@@ -73,19 +73,22 @@ class MPIComm(Comm):
         return self._checked("recv", src, buf, status)
 
     def _isend(self, x, dst, tag):
-        return self.mpi.Issend(x, dst, tag).Wait
+        req = self.mpi.Issend(x, dst, tag)
+        return req.Wait, req.Test
 
     def _irecv(self, buf, src, tag):
         req, status = self.mpi.Irecv(buf, src, tag), MPI.Status()
 
-        def wait():
+        def complete(call):
             try:
-                req.Wait(status)
+                done = call(status)
             except MPI.Exception as err:
                 raise self._truncated("irecv", src, buf, err) from None
-            self._checked("irecv", src, buf, status)
+            if done is not False:
+                self._checked("irecv", src, buf, status)
+            return done is not False
 
-        return wait
+        return (lambda: complete(req.Wait)), (lambda: complete(req.Test))
 
     def _sendrecv(self, x, dst, buf, src, sendtag, recvtag):
         status = MPI.Status()

@@ -13,6 +13,10 @@ Which engine carries the bytes:
   staging: each send copies the tensor to the CPU, each recv lands in a CPU buffer and is
   copied back to the GPU. Correct, but the copies cost bandwidth: benchmark numbers in this
   mode measure PCIe + gloo, not NVLink.
+
+``Request.test()`` asks torch's ``Work.is_completed()``. gloo's point-to-point work objects
+report completion only once ``wait()`` has run, so on gloo ``test()`` stays False until then:
+overlap there comes from the engine's own threads, not from polling.
 """
 from __future__ import annotations
 
@@ -112,7 +116,7 @@ class TorchComm(Comm):
 
     def _isend(self, x, dst, tag):
         work = dist.isend(self._out(x), tag=tag, **self._kw(dst, "group_dst"))
-        return work.wait
+        return work.wait, lambda: work.is_completed() and work.wait()
 
     def _irecv(self, buf, src, tag):
         tmp = self._in(buf)
@@ -122,12 +126,13 @@ class TorchComm(Comm):
             self._wrap("irecv", src, buf, work.wait)
             if tmp is not buf:
                 buf.copy_(tmp)
+            return True
 
-        return wait
+        return wait, lambda: work.is_completed() and wait()
 
     def _sendrecv(self, x, dst, buf, src, sendtag, recvtag):
-        wait_recv = self._irecv(buf, src, recvtag)
-        wait_send = self._isend(x, dst, sendtag)
+        wait_recv, _ = self._irecv(buf, src, recvtag)
+        wait_send, _ = self._isend(x, dst, sendtag)
         wait_send()
         wait_recv()
         return buf

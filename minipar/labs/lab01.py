@@ -47,6 +47,12 @@ def compare(comm, got, want, what, case, tol=1e-12, offset=0):
             f"{bad.size} of {w.size} elements wrong)"]
 
 
+def stop(comm, fails) -> bool:
+    """True on every rank once any rank has failed: all ranks leave the loop together, so no
+    rank is left waiting in the next case's collective."""
+    return any(comm.builtin.allgather_object(bool(fails)))
+
+
 def _traced(comm, call):
     comm.tracer.enabled = True
     comm.tracer.clear()
@@ -90,7 +96,7 @@ def check_reduce_scatter(comm, fn):
         got = fn(comm, x)
         fails += compare(comm, got, want, f"its chunk {comm.rank} of the sum (chunk = elements {chunk_bounds(n, comm.size)[comm.rank]})",
                          f"n={n} on {comm.size} ranks", offset=a)
-        if fails:
+        if stop(comm, fails):
             break
     return fails
 
@@ -105,7 +111,7 @@ def check_all_gather(comm, fn):
         got = fn(comm, x[a:b].copy() if hasattr(x, "copy") else x[a:b].clone(), counts)
         fails += compare(comm, got, x if comm.size == 1 else comm.builtin.all_gather(x[a:b]), "the gathered vector",
                          f"n={n}, counts={counts}")
-        if fails:
+        if stop(comm, fails):
             break
     return fails
 
@@ -121,7 +127,7 @@ def check_all_reduce(comm, fn):
         if not fails and sent > ring:
             fails.append(f"rank {comm.rank} sent {sent} bytes for n={n} on {comm.size} ranks; a ring sends at most "
                          f"2(p-1) chunks = {ring} bytes: is it reduce-scatter + all-gather?")
-        if fails:
+        if stop(comm, fails):
             break
     return fails
 
