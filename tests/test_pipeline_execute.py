@@ -98,3 +98,59 @@ def test_measured_bubble_is_a_fraction_and_simulation_is_the_theory():
     assert 0.0 <= r["measured"] < 1.0
     assert Fraction(r["simulated"]).limit_denominator(100) == theory_bubble_fraction("1f1b", 2, 4)
     assert out.results[1]["measured"] == r["measured"]    # merged trace: same on every rank
+
+
+# --------------------------------------------------------------------------- trace -> costs
+
+
+def _as_trace(sim, unit=1.0, t0=100.0):
+    """A simulated run written as trace compute events (what run_schedule records)."""
+    return [Event(e.rank, "compute", str(e.action), t0 + unit * float(e.start),
+                  t0 + unit * float(e.end), 0, -1) for e in sim.events]
+
+
+@pytest.mark.parametrize("name,costs", [("1f1b", {"F": 1, "B": 2, "p2p": 0.5}),
+                                        ("gpipe", {"F": 3, "B": 4, "p2p": 1}),
+                                        ("interleaved", {"F": 2, "B": 4, "p2p": 0.25}),
+                                        ("zb-h1", {"F": 1, "I": 1, "W": 2, "p2p": 0.5})])
+def test_measured_costs_recover_the_simulated_costs(name, costs):
+    """A trace made by simulate() with known costs: measured_costs gives them back, and
+    simulating with them replays the same timeline and bubble."""
+    from minipar.pipeline import Costs, make_schedule, simulate
+    from minipar.pipeline.execute import measured_costs, trace_timeline
+
+    sched = make_schedule(name, 4, 8, 2)
+    sim = simulate(sched, costs)
+    got = measured_costs(_as_trace(sim, unit=1e-3), sched)
+    want = Costs(**costs)
+    for k in ("F", "B", "I", "W", "p2p"):
+        assert float(getattr(got, k)) == pytest.approx(1e-3 * float(getattr(want, k)), rel=1e-9), k
+    replay = simulate(sched, got)
+    assert float(replay.bubble_fraction) == pytest.approx(float(sim.bubble_fraction), rel=1e-9)
+    timeline = trace_timeline(_as_trace(sim, unit=1e-3), sched)
+    assert float(timeline.bubble_fraction) == pytest.approx(float(sim.bubble_fraction), rel=1e-9)
+    assert float(timeline.makespan) == pytest.approx(float(sim.makespan), rel=1e-9)   # in ms
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_eight_ranks_interleaved_and_1f1b_match_dense():
+    out = launch(8, "minipar.lessons.pipeline:check_schedules", quiet=True, m=8, v=2,
+                 kinds=("1f1b", "interleaved"), layers=16, width=8, b=2, watchdog=90)
+    rows = summarize(out.results)
+    assert not failures(rows), "\n".join(failures(rows))
+    assert [r["what"].split(":")[0] for r in rows[::2]] == ["1f1b p=8 m=8 v=1", "interleaved p=8 m=8 v=2"]
+
+
+def test_p2p_counts_only_deliveries_the_receiver_waited_for():
+    """gpipe(2, 2) by hand: 1F0 and 0B0 wait 0.5 for their input; 1F1 and 0B1 start late
+    because their rank was still busy -- that delay is not communication."""
+    from minipar.pipeline import gpipe
+    from minipar.pipeline.execute import measured_costs
+
+    spans = {"0F0": (0, 1), "0F1": (1, 2), "1F0": (1.5, 4.5), "1F1": (4.5, 7.5),
+             "1B0": (7.5, 8), "1B1": (8, 10.5), "0B0": (8.5, 12), "0B1": (12, 14)}
+    ev = [Event(int(n[0]), "compute", n, a, b, 0, -1) for n, (a, b) in spans.items()]
+    c = measured_costs(ev, gpipe(2, 2))
+    assert float(c.p2p) == pytest.approx(0.5)
+    assert (float(c.F), float(c.B)) == pytest.approx((2.0, 2.125))

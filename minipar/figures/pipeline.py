@@ -1,6 +1,10 @@
-"""Figures of the pipeline lesson, drawn from the schedules and their simulation.
+"""Figures of the pipeline lesson, drawn from the schedules, their simulation and real runs.
 
     minipar figures --only pipeline
+
+The measured figures launch 4 ranks once (:func:`minipar.lessons.pipeline.figure_runs`):
+a traced 1F1B run drawn above its simulation with the costs measured in it, measured bubble
+fractions over the theory curves, and synchronous vs asynchronous training loss curves.
 """
 from __future__ import annotations
 
@@ -10,9 +14,29 @@ from ..pipeline import plot as P
 
 
 def make(outdir, quick=False, backend="mpi", device=None):
+    from ..launcher import launch
+    from ..pipeline import Costs, make_schedule, simulate
+    from ..pipeline.cli import one_blas_thread
+    from ..pipeline.execute import trace_timeline
+
     os.makedirs(outdir, exist_ok=True)
-    return [
+    paths = [
         P.plot_schedules(os.path.join(outdir, "pipeline_schedules.png"), p=4, m=8, v=2),
-        P.plot_bubble_vs_microbatches(os.path.join(outdir, "bubble_vs_microbatches.png"), p=4),
         P.plot_inflight_memory(os.path.join(outdir, "pipeline_memory.png"), p=4, m=8),
     ]
+    one_blas_thread()
+    kw = dict(ms=(2, 8), width=256, b=32, repeats=2, steps=40) if quick else \
+        dict(ms=(1, 2, 4, 8, 16), width=512, b=128, repeats=3, steps=150)
+    data = launch(4, "minipar.lessons.pipeline:figure_runs", backend=backend, device=device,
+                  quiet=True, **kw).results[0]
+    run = data["timeline"]
+    sched = make_schedule(run["schedule"], run["stages"], run["microbatches"])
+    ms_costs = Costs(**{k: 1e3 * run["costs"][k] for k in ("F", "I", "W", "p2p")})   # ms
+    paths.append(P.plot_measured_vs_simulated(
+        os.path.join(outdir, "pipeline_measured_vs_simulated.png"),
+        trace_timeline(run["events"], sched), simulate(sched, ms_costs),
+        note=f"(4 ranks on this machine's cores, width {kw['width']}, {kw['b']} rows per micro-batch)"))
+    paths.append(P.plot_bubble_vs_microbatches(os.path.join(outdir, "bubble_vs_microbatches.png"), p=4,
+                                               measured=data["bubbles"]))
+    paths.append(P.plot_sync_vs_async(os.path.join(outdir, "pipeline_async.png"), data["async"]))
+    return paths

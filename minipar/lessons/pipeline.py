@@ -3,6 +3,8 @@
     from minipar import launch
     out = launch(4, "minipar.lessons.pipeline:check_schedules", m=4)
     out = launch(4, "minipar.lessons.pipeline:measure", schedule="1f1b", m=8)
+    out = launch(4, "minipar.lessons.pipeline:profile", schedule="1f1b", m=8)   # vs simulate(measured costs)
+    out = launch(3, "minipar.lessons.pipeline:train_sync_async", steps=200)    # flush vs PipeDream
 
 Numerics (float64): the pipeline computes the same sums as the dense model but per
 micro-batch, so only the summation order of the batch reductions differs (m partial sums
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..pipeline import make_schedule, simulate
-from ..pipeline.execute import build_stages, measured_bubble, reference_step, run_schedule
+from ..pipeline import make_schedule, simulate, theory_bubble_fraction
+from ..pipeline import asynchronous as A
+from ..pipeline.execute import (build_stages, measured_bubble, measured_costs, reference_step,
+                                run_schedule)
 from ..trace import merge
 from ..xp import to_numpy
 
@@ -94,8 +98,9 @@ def check_schedules(comm, m=4, v=2, layers=8, width=16, b=3, seed=0, kinds=KINDS
 
 
 def tour(comm, **kw):
-    """The tour's rows: every fitting schedule with m=4 on a small model."""
-    return check_schedules(comm, m=kw.pop("m", 4), **kw)
+    """The tour's rows: every fitting schedule with m=4 on a small model, then synchronous
+    (flush) and asynchronous (PipeDream, weight stashing) training against their references."""
+    return check_schedules(comm, m=kw.pop("m", 4), **kw) + check_async(comm)
 
 
 def measure(comm, schedule="1f1b", m=8, v=2, layers=8, width=128, b=64, seed=0, repeats=2):
@@ -121,3 +126,109 @@ def measure(comm, schedule="1f1b", m=8, v=2, layers=8, width=128, b=64, seed=0, 
     sim = simulate(sched, {"F": 1, "B": 2})
     return {"schedule": sched.name, "p": sched.stages, "m": sched.microbatches, "v": sched.chunks,
             "measured": measured_bubble(events, sched.stages), "simulated": float(sim.bubble_fraction)}
+
+
+def profile(comm, schedule="1f1b", m=8, v=2, layers=None, width=256, b=64, seed=0, repeats=3,
+            events=False):
+    """One schedule on real ranks, measured, then replayed by :func:`simulate` with the costs
+    measured in the same run (:func:`~minipar.pipeline.execute.measured_costs`).
+
+    Runs the step ``repeats`` times (traced; the earlier ones warm up), keeps the last.
+    ``layers`` defaults to 2 per stage. Returns on every rank {"schedule", "stages",
+    "microbatches", "chunks", "measured_bubble_fraction", "simulated_bubble_fraction",
+    "theory_bubble_fraction", "max_grad_error" (relative, vs the dense float64 model, max over
+    ranks), "costs" (seconds), "events" (the merged trace, on rank 0 with events=True)}.
+    """
+    sched = make_schedule(schedule, comm.size, m, v)
+    layers = layers or 2 * sched.total_stages
+    was = comm.tracer.enabled
+    comm.tracer.enabled = True
+    try:
+        for _ in range(repeats):
+            comm.builtin.barrier()
+            comm.tracer.clear()
+            out, mine, ref, _ = run_one(comm, sched, layers, width, b, seed)
+        evs = merge(comm)
+    finally:
+        comm.tracer.enabled = was
+    gerr = max([rel_error(g, dict(ref[s].named_grads())[n]) for s, mod in mine.items()
+                for n, g in mod.named_grads()], default=0.0)
+    gerr = max(comm.builtin.allgather_object(gerr))
+    costs = measured_costs(evs, sched)
+    sim = simulate(sched, costs)
+    return {"schedule": sched.name, "stages": sched.stages, "microbatches": sched.microbatches,
+            "chunks": sched.chunks, "measured_bubble_fraction": measured_bubble(evs, sched.stages),
+            "simulated_bubble_fraction": float(sim.bubble_fraction),
+            "theory_bubble_fraction": float(theory_bubble_fraction(sched.name, sched.stages, sched.microbatches, sched.chunks)),
+            "max_grad_error": gerr,
+            "costs": {k: float(getattr(costs, k)) for k in ("F", "B", "I", "W", "p2p")},
+            "events": evs if events and comm.rank == 0 else None}
+
+
+def _stage_and_data(comm, n_micro, b, width, seed):
+    stages = build_stages(comm.size, comm.size, width, np.random.default_rng([seed, 3]))
+    xs, ts = A.teacher_data(n_micro, b, width, seed)
+    return stages, [comm.asarray(x) for x in xs], [comm.asarray(t) for t in ts], xs, ts
+
+
+def train_sync_async(comm, steps=200, m=4, b=8, width=16, lr=0.05, seed=0):
+    """Train the same stages (one Linear + GeLU per rank) on the same stream of a linear
+    teacher's micro-batches: flush 1F1B (one update per m micro-batches, lr) and PipeDream
+    (one update per micro-batch, lr / m: the same step per sample), with and without weight
+    stashing. Returns {"sync", "async", "async_nostash": loss per step (mean over its m
+    micro-batches), "dense": single-device SGD's (== sync), "sequential": single-device SGD
+    with PipeDream's update rule (one update per micro-batch, lr / m) but no staleness,
+    "m", "lr", "stages"} on every rank."""
+    out = {"m": m, "lr": lr, "stages": comm.size}
+    like = comm.asarray(np.zeros(1))
+    stages, xs, ts, x64, t64 = _stage_and_data(comm, steps * m, b, width, seed)
+    out["sync"] = A.train_flush(comm, stages[comm.rank].to(like), xs, ts, m, lr)
+    out["dense"] = A.train_dense(_stage_and_data(comm, 0, b, width, seed)[0], x64, t64, m, lr)
+    seq = A.train_dense(_stage_and_data(comm, 0, b, width, seed)[0], x64, t64, 1, lr / m)
+    out["sequential"] = [float(np.mean(seq[k * m:(k + 1) * m])) for k in range(steps)]
+    for key, stash in (("async", True), ("async_nostash", False)):
+        mod = _stage_and_data(comm, 0, b, width, seed)[0][comm.rank].to(like)
+        losses = A.train_async(comm, mod, xs, ts, lr / m, stash=stash)["losses"]
+        out[key] = [float(np.mean(losses[k * m:(k + 1) * m])) for k in range(steps)]
+    return out
+
+
+def check_async(comm, n_micro=8, steps=3, m=4, b=4, width=8, lr=0.2, seed=0, stash=True):
+    """Rows: flush training == single-device training (loss of every step, float64: only
+    the summation order differs, 1e-12), and the gradients PipeDream applied == a dense
+    forward + backward through the weight versions each micro-batch's forwards used (1e-12
+    with stashing; ``stash=False`` plants the bug the check must catch). Also "nostash_error"
+    is not a row: see :func:`async_gradient_errors`."""
+    like = comm.asarray(np.zeros(1))
+    stages, xs, ts, x64, t64 = _stage_and_data(comm, steps * m, b, width, seed)
+    sync = A.train_flush(comm, stages[comm.rank].to(like), xs, ts, m, lr)
+    dense = A.train_dense(_stage_and_data(comm, 0, b, width, seed)[0], x64, t64, m, lr)
+    err = rel_error(np.array(sync), np.array(dense))
+    rows = [{"what": f"flush 1F1B training, {steps} SGD steps: loss curve vs one device", "error": err,
+             "tolerance": TOLERANCE, "ok": bool(err <= TOLERANCE)}]
+    gerr = async_gradient_errors(comm, n_micro, b, width, lr, seed, stash)
+    rows.append({"what": f"async (PipeDream{'' if stash else ', NO stash'}) p={comm.size}: each gradient "
+                         f"vs dense at its stashed weights", "error": gerr, "tolerance": TOLERANCE,
+                 "ok": bool(gerr <= TOLERANCE)})
+    return rows
+
+
+def async_gradient_errors(comm, n_micro=8, b=4, width=8, lr=0.2, seed=0, stash=True) -> float:
+    """Worst relative error of PipeDream's applied gradients against the dense gradients at
+    the weights each micro-batch's forwards used (see asynchronous.stashed_gradient_error)."""
+    like = comm.asarray(np.zeros(1))
+    stages, xs, ts, _, _ = _stage_and_data(comm, n_micro, b, width, seed)
+    rec = A.train_async(comm, stages[comm.rank].to(like), xs, ts, lr, stash=stash, record=True)
+    return A.stashed_gradient_error(comm, _stage_and_data(comm, 0, b, width, seed)[0], rec, xs, ts)
+
+
+def figure_runs(comm, ms=(2, 4, 8), width=256, b=64, repeats=2, steps=150, lr=2.0):
+    """Everything the pipeline figures measure, in one launch: a traced 1F1B (m=8) run with
+    its measured costs, the measured bubble of gpipe and 1f1b for each m in ``ms``, and
+    :func:`train_sync_async`. Returned on rank 0 (None elsewhere)."""
+    kw = dict(width=width, b=b, repeats=repeats)
+    out = {"timeline": profile(comm, "1f1b", 8, events=True, **kw),
+           "bubbles": {k: [(m, profile(comm, k, m, **kw)["measured_bubble_fraction"]) for m in ms]
+                       for k in ("gpipe", "1f1b")},
+           "async": train_sync_async(comm, steps=steps, lr=lr)}
+    return out if comm.rank == 0 else None

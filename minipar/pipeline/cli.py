@@ -109,3 +109,68 @@ def run_schedule(args) -> int:
 
 def _show(x) -> str:
     return f"{float(x):.4f} ({x})" if isinstance(x, Fraction) and x.denominator != 1 else f"{float(x):.4g}"
+
+
+RUN_EXAMPLE = "minipar run -n 4 pipeline --schedule 1f1b --microbatches 8 --json out.json --trace trace.json"
+
+
+def add_run_command(run_subparsers):
+    """Add ``minipar run pipeline`` (execute a schedule on real ranks, measured vs simulated)."""
+    from ..cli import lesson_run_parser
+
+    r = lesson_run_parser(run_subparsers, "pipeline", "execute a schedule on real ranks: measured vs "
+                          "simulated vs theory bubble, gradients vs the dense model", RUN_EXAMPLE)
+    r.add_argument("--schedule", choices=list(SCHEDULES), default="1f1b")
+    r.add_argument("--microbatches", "-m", type=int, default=8, metavar="M")
+    r.add_argument("--chunks", "-v", type=int, default=2, metavar="V", help="interleaved only (default 2)")
+    r.add_argument("--width", type=int, default=256, help="layer width (default 256)")
+    r.add_argument("--batch", type=int, default=64, help="rows per micro-batch (default 64)")
+    r.add_argument("--layers", type=int, help="Linear+GeLU layers (default 2 per stage)")
+    r.add_argument("--repeats", type=int, default=3, help="steps run, the last one measured (default 3)")
+    r.set_defaults(func=run_pipeline)
+    return r
+
+
+def one_blas_thread():
+    """Ranks share the cores: one BLAS/OpenMP thread each (inherited by the launched ranks)."""
+    import os
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+
+
+def run_pipeline(args) -> int:
+    from ..launcher import launch
+    from ..trace import write_chrome_trace
+
+    one_blas_thread()
+    try:
+        make_schedule(args.schedule, args.n, args.microbatches, args.chunks)
+    except ValueError as err:
+        print(f"minipar run pipeline: error: {err}", file=sys.stderr)
+        return 2
+    print(f"running {args.schedule} on {args.n} ranks ({args.backend}), m={args.microbatches} ...")
+    out = launch(args.n, "minipar.lessons.pipeline:profile", backend=args.backend, quiet=True,
+                 schedule=args.schedule, m=args.microbatches, v=args.chunks, layers=args.layers,
+                 width=args.width, b=args.batch, repeats=args.repeats, events=bool(args.trace))
+    r = out.results[0]
+    c = r["costs"]
+    print(f"measured costs: F={c['F'] * 1e3:.3f} ms  B={c['B'] * 1e3:.3f} ms (I={c['I'] * 1e3:.3f} "
+          f"W={c['W'] * 1e3:.3f})  p2p={c['p2p'] * 1e3:.3f} ms  (per micro-batch, one rank's share)")
+    print(f"bubble  measured:  {r['measured_bubble_fraction']:.3f}")
+    print(f"        simulated: {r['simulated_bubble_fraction']:.3f}   (simulate() with the measured costs)")
+    print(f"        theory:    {r['theory_bubble_fraction']:.3f}   (F=1, B=2, no p2p)")
+    tol = 1e-12 if args.backend == "mpi" else 1e-5
+    ok = r["max_grad_error"] <= tol
+    print(f"max gradient error vs the dense float64 model: {r['max_grad_error']:.1e} "
+          f"({'ok' if ok else 'FAIL'}, tolerance {tol:.0e})")
+    if args.trace:
+        print(f"trace: {write_chrome_trace(args.trace, r['events'])} ({len(r['events'])} events; "
+              f"open in https://ui.perfetto.dev)")
+    if args.json:
+        keys = ("schedule", "stages", "microbatches", "measured_bubble_fraction",
+                "simulated_bubble_fraction", "theory_bubble_fraction", "max_grad_error")
+        with open(args.json, "w") as f:
+            json.dump({**{k: r[k] for k in keys}, "chunks": r["chunks"], "costs": c}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0 if ok else 1

@@ -8,6 +8,9 @@ gradients travel point to point, and the trace gives the measured bubble.
     mine = {k: stages[k] for k in range(s.total_stages) if s.stage_to_rank[k] == comm.rank}
     out = run_schedule(comm, s, mine, microbatches, targets)   # grads accumulate in mine[k]
     out["loss"]    # on the rank of the last stage: the full-batch loss; None elsewhere
+    costs = measured_costs(merge(comm), s)      # traced run -> Costs; simulate(s, costs) replays it
+
+    minipar run -n 4 pipeline --schedule 1f1b --microbatches 8 --json out.json   # the same, measured
 
 Messages. The activation going *into* stage s for micro-batch i travels with tag
 ``2 * (s * m + i)``; the gradient coming *back into* stage s (from stage s+1) with tag
@@ -37,9 +40,11 @@ import numpy as np
 
 from ..nn import GeLU, Linear, Sequential, mse_loss
 from ..xp import chunk_bounds
-from .schedules import Action, Schedule, validate
+from .schedules import Action, Schedule, inflight_profile, validate
+from .simulate import Costs, Event as SimEvent, SimResult
 
-__all__ = ["build_stages", "run_schedule", "reference_step", "measured_bubble", "act_tag", "grad_tag"]
+__all__ = ["build_stages", "run_schedule", "reference_step", "measured_bubble", "act_tag", "grad_tag",
+           "action_events", "measured_costs", "trace_timeline"]
 
 
 def act_tag(stage: int, microbatch: int, m: int) -> int:
@@ -187,3 +192,65 @@ def measured_bubble(events, p: int) -> float:
         return 0.0
     span = t1 - t0
     return (p * span - sum(busy)) / (p * span)
+
+
+# ---------------------------------------------------------------- from a trace back to the model
+
+
+def action_events(events) -> list[tuple[Action, object]]:
+    """The compute events named like an action ("1F3"), as (Action, trace event) pairs."""
+    out = []
+    for e in events:
+        if e.kind == "compute":
+            try:
+                out.append((Action.parse(e.name), e))
+            except ValueError:
+                pass
+    return out
+
+
+def measured_costs(events, schedule: Schedule) -> Costs:
+    """The :class:`Costs` (seconds) that make :func:`simulate` replay this run: the mean
+    duration of each action kind (times v: simulate divides a rank's cost among its v chunks)
+    and ``p2p``, the median delay from the end of an action to the start of the action on
+    another rank that needs its output, counted only where that rank was idle, waiting for it
+    (its previous action had ended before): send + receive + waking up the receiver."""
+    acts = action_events(events)
+    done = {a: e for a, e in acts}
+    mean = {}
+    for kind in "FBIW":
+        ds = [e.t_end - e.t_start for a, e in acts if a.kind == kind]
+        if ds:
+            mean[kind] = schedule.chunks * sum(ds) / len(ds)
+    prev_end, gaps = {}, []
+    for a, e in sorted(acts, key=lambda ae: ae[1].t_start):
+        if a.kind == "F" and a.stage > 0:
+            froms = [(a.stage - 1, "F", a.microbatch)]
+        elif a.kind in "BI" and a.stage < schedule.total_stages - 1:
+            froms = [(a.stage + 1, k, a.microbatch) for k in "BI"]
+        else:
+            froms = []
+        for dep in froms:
+            src = done.get(Action(*dep))
+            if src is not None and src.rank != e.rank and prev_end.get(e.rank, -1e300) <= src.t_end:
+                gaps.append(e.t_start - src.t_end)
+        prev_end[e.rank] = e.t_end
+    p2p = float(np.median(gaps)) if gaps else 0.0
+    if "B" in mean:
+        return Costs(F=mean["F"], B=mean["B"], p2p=max(p2p, 0.0))
+    return Costs(F=mean["F"], I=mean["I"], W=mean["W"], p2p=max(p2p, 0.0))
+
+
+def trace_timeline(events, schedule: Schedule, unit: float = 1e-3) -> SimResult:
+    """A measured run as a :class:`SimResult` (times in ``unit`` seconds from the first
+    action's start), so the plots that draw simulations draw real runs too."""
+    acts = action_events(events)
+    t0 = min(e.t_start for _, e in acts)
+    evs = sorted((SimEvent(e.rank, a, (e.t_start - t0) / unit, (e.t_end - t0) / unit) for a, e in acts),
+                 key=lambda e: (e.rank, e.start))
+    p = schedule.stages
+    makespan = max(e.end for e in evs)
+    busy = [sum(e.end - e.start for e in evs if e.rank == r) for r in range(p)]
+    idle = [makespan - b for b in busy]
+    peak = [max(inflight_profile(ops), default=0) for ops in schedule.actions]
+    return SimResult(schedule, Costs(), evs, makespan, busy, sum(idle) / (p * makespan), peak, idle)

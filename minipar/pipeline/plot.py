@@ -12,7 +12,8 @@ from .schedules import gpipe, make_schedule, one_f_one_b
 from .simulate import simulate, theory_bubble_fraction
 
 __all__ = ["plot_timeline", "save_timeline", "plot_schedules",
-           "plot_bubble_vs_microbatches", "plot_inflight_memory"]
+           "plot_bubble_vs_microbatches", "plot_inflight_memory", "plot_measured_vs_simulated",
+           "plot_sync_vs_async"]
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
 LABELS = {"F": "F: forward", "B": "B: backward (full)", "I": "I: backward, input grad",
@@ -120,7 +121,7 @@ def plot_bubble_vs_microbatches(path, p: int = 4, ms=(1, 2, 4, 8, 16, 32), v: in
     """Bubble fraction against the number of micro-batches m: theory as lines, simulation as
     markers, optional measured runs ``{schedule: [(m, bubble), ...]}`` as crosses."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     grid = range(1, max(ms) + 1)
     style = {"naive": ("#888888", "s"), "gpipe": ("#4C72B0", "o"), "1f1b": ("#DD8452", "D"),
              "interleaved": ("#8172B3", "^"), "zb-h1": ("#55A868", "v")}
@@ -156,7 +157,7 @@ def plot_bubble_vs_microbatches(path, p: int = 4, ms=(1, 2, 4, 8, 16, 32), v: in
     ax.set_title(f"Pipeline bubble vs micro-batches, p={p} ranks (F=1, B=I+W=2)\n"
                  f"zb-h1 theory holds for m >= p; interleaved needs m divisible by p", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -181,6 +182,58 @@ def plot_inflight_memory(path, p: int = 4, m: int = 8):
     ax.set_ylim(0, 1.3 * m)
     ax.set_title(f"Activation memory: GPipe vs 1F1B, p={p}, m={m}", fontsize=10)
     ax.legend(title="schedule", loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_measured_vs_simulated(path, measured, simulated, note: str = ""):
+    """A real run's timeline (``measured``: :func:`~minipar.pipeline.execute.trace_timeline`,
+    in ms) above :func:`simulate` of the same schedule with the costs measured in that run
+    (``simulated``, costs in ms), on one time axis."""
+    plt = _pyplot()
+    sched = measured.schedule
+    T = max(float(measured.makespan), float(simulated.makespan))
+    fig, axes = plt.subplots(2, 1, figsize=(min(18, 6 + 0.3 * len(measured.events) / sched.stages),
+                                            2 * (0.5 * sched.stages + 1.3)), sharex=True)
+    c = simulated.costs
+    head = f"{sched.name}: p={sched.stages}, m={sched.microbatches}" + (f", v={sched.chunks}" if sched.chunks > 1 else "")
+    plot_timeline(axes[0], measured, f"measured on real ranks ({head}) — bubble {float(measured.bubble_fraction):.1%}")
+    plot_timeline(axes[1], simulated, f"simulated with the measured costs F={float(c.F):.2f} ms, "
+                                      f"B={float(c.B):.2f} ms, p2p={float(c.p2p):.2f} ms — bubble "
+                                      f"{float(simulated.bubble_fraction):.1%}")
+    for ax in axes:
+        ax.set_xlim(0, T)
+    axes[0].set_xlabel("")
+    axes[1].set_xlabel("time (ms)")
+    fig.suptitle(f"Pipeline timeline, measured vs simulated {note}".rstrip(), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_sync_vs_async(path, result):
+    """Loss curves of :func:`minipar.lessons.pipeline.train_sync_async`'s ``result``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    m, lr = result["m"], result["lr"]
+    curves = [("sync", f"flush 1F1B (one update per {m} micro-batches, lr={lr:g}) = one device", "#4C72B0", "-"),
+              ("sequential", f"one device, one update per micro-batch (lr={lr / m:g}): no staleness", "#888888", "--"),
+              ("async", "PipeDream async, weight stashing (stale weights)", "#DD8452", "-"),
+              ("async_nostash", "PipeDream async, no stashing (inconsistent gradients)", "#C44E52", ":")]
+    for key, label, color, ls in curves:
+        ys = result[key]
+        ax.plot(range(1, len(ys) + 1), ys, color=color, linestyle=ls, lw=1.4, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"step (one step = {m} micro-batches)")
+    ax.set_ylabel("training loss (MSE, log scale)")
+    ax.set_title(f"Synchronous vs asynchronous pipeline training, p={result['stages']} stages\n"
+                 f"(fit a random linear teacher; async loss = mean over the step's micro-batches)",
+                 fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
