@@ -1,0 +1,398 @@
+"""Lab 03 (pipeline parallelism): the tasks and their checks.
+
+Tasks 3.1-3.3 are pure functions (schedules as data, a bubble fraction from timed events):
+their checks run in one process (``sizes=(1,)``) over many (p, m), smallest first. A broken
+schedule is reported with minipar's validator grid (time x rank, the offending step marked
+``>1F3<``); a valid one that differs from minipar's order with its first differing action
+("rank 2, position 5: expected 2B1, got 2F3").
+
+Task 3.4 (which rank an action receives from / sends to, with which tag) is checked against
+minipar's executor convention (``stage_to_rank``, ``act_tag``, ``grad_tag``) on every action
+of several schedules, then *used*: :func:`run_with_pairing` executes one training step per
+schedule on real ranks (1, 2, 3, 4) with the learner's pairing deciding every message, and the
+loss and every gradient are compared with the dense single-process model (float64, only the
+summation order of the batch differs: relative error <= 1e-12).
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from ..lessons.pipeline import TOLERANCE, _data, rel_error
+from ..pipeline import (Schedule, ScheduleError, format_grid, gpipe, interleaved_1f1b, naive,
+                        one_f_one_b, simulate, validate, zero_bubble_h1)
+from ..pipeline.execute import act_tag, build_stages, grad_tag, reference_step
+from ..nn import mse_loss
+from .grader import Task
+
+KEY = "03"
+TITLE = "pipeline schedules, bubbles and messages"
+FOLDER = "labs/03_pipeline"
+SOLUTION = "minipar.labs.lab03_solution"
+HERE = "minipar.labs.lab03"
+
+TASKS = [
+    Task("3.1", "GPipe schedule", "gpipe", f"{HERE}:check_gpipe", sizes=(1,)),
+    Task("3.2", "1F1B schedule", "one_f_one_b", f"{HERE}:check_one_f_one_b", sizes=(1,)),
+    Task("3.3", "bubble fraction", "bubble_fraction", f"{HERE}:check_bubble_fraction", sizes=(1,)),
+    Task("3.4", "send/recv pairing", "peer_and_tag", f"{HERE}:check_peer_and_tag"),
+]
+
+GPIPE_CASES = [(1, 1), (2, 1), (1, 3), (2, 3), (3, 2), (4, 4), (4, 8), (3, 7)]
+ONE_F_ONE_B_CASES = [(1, 1), (2, 1), (1, 4), (2, 3), (3, 2), (4, 1), (4, 3), (4, 8), (3, 7)]
+
+
+def indent(text: str, by: str = "        ") -> str:
+    return "\n".join(by + line for line in text.splitlines())
+
+
+# ---------------------------------------------------------------- 3.1, 3.2: schedules
+
+def as_schedule(name, p, m, got, reference: Schedule):
+    """The learner's action lists as a Schedule with the reference's rules (same stage
+    placement, same in-flight bound); (schedule, None) or (None, failure message)."""
+    call = f"{name}(p={p}, m={m})"
+    if hasattr(got, "actions"):        # a Schedule is fine too
+        got = got.actions
+    if got is None:
+        return None, f"{call} returned None (expected a list of p={p} lists of Action)"
+    try:
+        rows = [list(r) for r in got]
+    except TypeError:
+        return None, f"{call} returned {type(got).__name__}, expected a list of p={p} lists of Action"
+    if len(rows) != p:
+        return None, f"{call} returned {len(rows)} action lists, expected one per rank: p={p}"
+    try:
+        sched = Schedule(f"{name} (yours)", p, m, 1, rows, inflight_limit=reference.inflight_limit)
+    except (ValueError, TypeError) as err:
+        return None, f"{call}: cannot read an action ({err}); use minipar.pipeline.Action(stage, kind, microbatch)"
+    return sched, None
+
+
+def first_difference(got: Schedule, want: Schedule):
+    """'rank r, position i: expected X, got Y' for the first differing action, or None."""
+    for r, (g, w) in enumerate(zip(got.actions, want.actions)):
+        for i, (a, b) in enumerate(zip(g, w)):
+            if tuple(a) != tuple(b):
+                return f"rank {r}, position {i}: expected {b}, got {a}"
+        if len(g) != len(w):
+            i = min(len(g), len(w))
+            return (f"rank {r} has {len(g)} actions, expected {len(w)}: "
+                    + (f"position {i} should be {w[i]}" if len(w) > i else f"{g[i]} at position {i} is extra"))
+    return None
+
+
+def check_schedule(name, fn, reference, cases, note="", bound=""):
+    for p, m in cases:
+        want = reference(p, m)
+        sched, why = as_schedule(name, p, m, fn(p, m), want)
+        if why:
+            return [why]
+        try:
+            validate(sched)
+        except ScheduleError as err:
+            return [f"{name}(p={p}, m={m}) is not a valid schedule; the validator's grid "
+                    f"(time steps as columns, the offending step marked >..<):\n{indent(str(err))}"
+                    + (f"\n        ({bound})" if "in flight" in str(err) and bound else "")]
+        diff = first_difference(sched, want)
+        if diff:
+            return [f"{name}(p={p}, m={m}) is valid but not minipar's {name}: {diff}{note}\n"
+                    f"        expected:\n{indent(_rows(want), ' ' * 10)}\n"
+                    f"        got:\n{indent(_rows(sched), ' ' * 10)}"]
+    return []
+
+
+def _rows(s: Schedule) -> str:
+    return "\n".join(f"rank {r}: " + " ".join(map(str, ops)) for r, ops in enumerate(s.actions))
+
+
+def check_gpipe(comm, fn):
+    return check_schedule("gpipe", fn, gpipe, GPIPE_CASES,
+                          note=" (backwards run first in, first out: micro-batch 0 first)")
+
+
+def check_one_f_one_b(comm, fn):
+    return check_schedule("one_f_one_b", fn, one_f_one_b, ONE_F_ONE_B_CASES,
+                          note=" (warm-up on rank r: min(p-1-r, m) forwards, then F,B pairs)",
+                          bound="1F1B's promise: rank r holds at most min(p-r, m) micro-batches; "
+                                "warm up with min(p-1-r, m) forwards, then one F, one B")
+
+
+# ---------------------------------------------------------------- 3.3: bubble fraction
+
+def bubble_cases():
+    """(label, events [(rank, start, end)], p, expected, idle, makespan, busy), smallest first."""
+    cases = [("gpipe p=2 m=2", gpipe(2, 2), {"F": 1, "B": 2}),
+             ("naive p=3", naive(3), {"F": 1, "B": 2}),
+             ("gpipe p=4 m=8", gpipe(4, 8), {"F": 1, "B": 2}),
+             ("1f1b p=3 m=2", one_f_one_b(3, 2), {"F": 1, "B": 2}),
+             ("1f1b p=4 m=6, F=1 B=3 p2p=0.5", one_f_one_b(4, 6), {"F": 1, "B": 3, "p2p": Fraction(1, 2)}),
+             ("zb-h1 p=4 m=6, F=I=W=1", zero_bubble_h1(4, 6), {"F": 1, "I": 1, "W": 1}),
+             ("interleaved p=2 m=4 v=2", interleaved_1f1b(2, 4, 2), {"F": 1, "B": 2}),
+             ("gpipe p=3 m=5, float costs F=0.7 B=1.9", gpipe(3, 5), {"F": 0.7, "B": 1.9})]
+    out = []
+    for label, sched, costs in cases:
+        sim = simulate(sched, costs)
+        ev = [(e.rank, e.start, e.end) for e in sim.events]
+        out.append((label, ev, sched.stages, sim.bubble_fraction, sum(sim.idle), sim.makespan, sum(sim.busy)))
+    label, ev, p, want, idle, span, busy = out[2]
+    shifted = [(r, s + 100, e + 100) for r, s, e in ev]   # a measured trace does not start at 0
+    out.append((label + ", every time + 100 (as in a measured trace)", shifted, p, want, idle, span, busy))
+    return out
+
+
+def check_bubble_fraction(comm, fn):
+    for label, events, p, want, idle, span, busy in bubble_cases():
+        got = fn(list(events), p)
+        if got is not None and math.isclose(float(got), float(want), rel_tol=1e-9, abs_tol=1e-12):
+            continue
+        msg = (f"bubble_fraction for {label} ({len(events)} events on p={p} ranks) = {got}, expected "
+               f"{want} = idle / (p * makespan) = {idle} / ({p} * {span})")
+        hints = {"idle / busy: divide by all the rank-time, p * makespan, not by the busy part": idle / busy,
+                 "idle / makespan: the denominator needs p * makespan (every rank's time)": idle / span,
+                 "busy / (p * makespan): that is the busy fraction, 1 - bubble": busy / (p * span)}
+        for hint, value in hints.items():
+            if got is not None and math.isclose(float(got), float(value), rel_tol=1e-9):
+                msg += f"; you computed {hint}"
+                break
+        if got is not None and label.endswith("measured trace)"):
+            msg += "; the makespan is last end - first start, not last end"
+        return [msg]
+    return []
+
+
+# ---------------------------------------------------------------- 3.4: the send/recv pairing
+
+def expected_pairing(action, schedule):
+    """minipar's executor convention (see minipar/pipeline/execute.py): (recv, send), each a
+    (rank, tag) or None."""
+    s, kind, i = action
+    S, m, owner = schedule.total_stages, schedule.microbatches, schedule.stage_to_rank
+    if kind == "F":
+        return ((owner[s - 1], act_tag(s, i, m)) if s > 0 else None,
+                (owner[s + 1], act_tag(s + 1, i, m)) if s < S - 1 else None)
+    if kind in "BI":
+        return ((owner[s + 1], grad_tag(s, i, m)) if s < S - 1 else None,
+                (owner[s - 1], grad_tag(s - 1, i, m)) if s > 0 else None)
+    return None, None
+
+
+def pairing_schedules(p):
+    """The schedules task 3.4 runs on p ranks (also m < p, v = 2 chunks, and a split backward)."""
+    return [gpipe(p, 3), one_f_one_b(p, 2), one_f_one_b(p, 5), zero_bubble_h1(p, 3),
+            interleaved_1f1b(p, p, 2)]
+
+
+def _side(value):
+    return "nothing" if value is None else f"rank {value[0]} with tag {value[1]}"
+
+
+def describe_pairing_error(action, schedule, got, want):
+    s, kind, i = action
+    r = schedule.stage_to_rank[s]
+    m = schedule.microbatches
+    head = (f"{schedule.name} p={schedule.stages} m={m} v={schedule.chunks}, "
+            f"rank {r}'s action {action}")
+    what = {"F": "activation", "B": "gradient", "I": "gradient", "W": "nothing"}[kind]
+    for side, g, w in (("receives", got[0], want[0]), ("sends", got[1], want[1])):
+        if g == w:
+            continue
+        if w is None:
+            why = {("receives", "F"): "stage 0 reads its micro-batch from the data",
+                   ("sends", "F"): "the last stage computes the loss",
+                   ("receives", "B"): "the last stage gets its gradient from the loss",
+                   ("sends", "B"): "stage 0 has no previous stage",
+                   }.get((side, kind if kind != "I" else "B"), "W needs no message")
+            return f"{head} {side} {'from' if side == 'receives' else 'to'} {_side(g)}; expected nothing: {why}"
+        if g is None or g[0] != w[0]:
+            if kind == "F":
+                src = s - 1 if side == "receives" else s + 1
+            else:
+                src = s + 1 if side == "receives" else s - 1
+            way = ("comes from" if side == "receives" else "must go to")
+            return (f"{head} {side} its {what} {'from' if side == 'receives' else 'to'} {_side(g)}; "
+                    f"the {what} of {action} {way} stage {src}, which lives on rank {w[0]}")
+        tag_fn = "act_tag" if kind == "F" else "grad_tag"
+        into = (s if side == "receives" else s + 1) if kind == "F" else (s if side == "receives" else s - 1)
+        return (f"{head} {side} with tag {g[1]}; expected {tag_fn}(stage={into}, microbatch={i}, m={m}) "
+                f"= {w[1]} (the tag names the stage the message goes *into*)")
+    return None
+
+
+def _normal(value):
+    if value is None:
+        return None
+    rank, tag = value
+    return (int(rank), int(tag))
+
+
+def check_pairing_table(fn, schedules):
+    for sched in schedules:
+        for ops in sched.actions:
+            for a in ops:
+                got = fn(a, sched)
+                if not (isinstance(got, (tuple, list)) and len(got) == 2):
+                    return [f"peer_and_tag({a}, {sched.name} p={sched.stages}) returned {got!r}; "
+                            f"expected (recv, send), each (rank, tag) or None"]
+                got = (_normal(got[0]), _normal(got[1]))
+                want = expected_pairing(a, sched)
+                if got != want:
+                    return [describe_pairing_error(a, sched, got, want)]
+    return []
+
+
+def run_with_pairing(comm, schedule, stages, microbatches, targets, pairing, loss=mse_loss):
+    """One training step of ``schedule`` on this rank where ``pairing(action, schedule)``
+    decides every message: ``(recv, send)``, each ``(rank, tag)`` or None.
+
+    The same loop as :func:`minipar.pipeline.execute.run_schedule`, cut to its bones: receive
+    (blocking) where the action needs the data, compute, isend the result (waited for at the
+    end, so sends never block), hand over in memory when the peer is this rank.
+    Returns the full-batch loss on the last stage's rank, else None.
+    """
+    m, S, me = schedule.microbatches, schedule.total_stages, comm.rank
+    scale = 1.0 / m
+    ctxs, dys, local, pending, total = {}, {}, {}, [], None
+    shape, dtype = tuple(microbatches[0].shape), str(microbatches[0].dtype)
+
+    def recv(peer):
+        rank, tag = peer
+        return local.pop(tag) if rank == me else comm.recv(comm.empty(shape, dtype), rank, tag)
+
+    def send(x, peer):
+        rank, tag = peer
+        if rank == me:
+            local[tag] = x
+        else:
+            pending.append(comm.isend(x, rank, tag))
+
+    for a in schedule.actions[me]:
+        s, kind, i = a
+        src, dst = pairing(a, schedule)
+        mod = stages[s]
+        if kind == "F":
+            x = microbatches[i] if src is None else recv(src)
+            y, ctxs[(s, i)] = mod.forward(x)
+            if dst is None:                         # last stage: the loss
+                li, dpred = loss(y, targets[i])
+                total = (total or 0.0) + float(li) * scale
+                dys[(s, i)] = dpred * scale
+            else:
+                send(y, dst)
+        elif kind in "BI":
+            dy = dys.pop((s, i)) if src is None else recv(src)
+            if kind == "B":
+                dx = mod.backward(dy, ctxs.pop((s, i)))
+            else:
+                dx = mod.backward_input(dy, ctxs[(s, i)])
+                dys[(s, i)] = dy
+            if dst is not None:
+                send(dx, dst)
+        else:
+            mod.backward_weight(dys.pop((s, i)), ctxs.pop((s, i)))
+    for req in pending:
+        req.wait()
+    return total
+
+
+def check_peer_and_tag(comm, fn):
+    # 1. every action of the schedules for p = 1 .. comm.size against minipar's convention;
+    #    every rank computes the same verdict, rank 0 reports it
+    table = [s for p in range(1, comm.size + 1) for s in pairing_schedules(p)]
+    fails = check_pairing_table(fn, table)
+    if fails:
+        return fails if comm.rank == 0 else []
+    # 2. one training step per schedule on these ranks, every message placed by fn
+    out = []
+    for sched in pairing_schedules(comm.size):
+        S, m, b, width, layers = sched.total_stages, sched.microbatches, 3, 8, 8
+        x, t = _data(comm, m, b, width, seed=3)
+        stages = build_stages(S, layers, width, np.random.default_rng([3, 0]))
+        mine = {s: stages[s] for s in range(S) if sched.stage_to_rank[s] == comm.rank}
+        xs = [x[k * b:(k + 1) * b] for k in range(m)]
+        ts = [t[k * b:(k + 1) * b] for k in range(m)]
+        loss = run_with_pairing(comm, sched, mine, xs, ts, fn)
+        loss = comm.builtin.bcast_object(loss, root=sched.stage_to_rank[S - 1])
+        ref = build_stages(S, layers, width, np.random.default_rng([3, 0]))
+        ref_loss = reference_step(ref, x, t)
+        label = f"a training step of {sched.name} p={sched.stages} m={m} v={sched.chunks} with your pairing"
+        err = rel_error(np.float64(loss if loss is not None else np.nan), np.float64(ref_loss))
+        if not err <= TOLERANCE and comm.rank == 0:
+            out.append(f"{label}: loss {loss}, expected {ref_loss} (dense model), relative error {err:.3g}")
+        for s, mod in mine.items():
+            want = dict(ref[s].named_grads())
+            for name, g in mod.named_grads():
+                e = rel_error(g, want[name])
+                if not e <= TOLERANCE:
+                    out.append(f"{label}: rank {comm.rank}, stage {s} gradient {name}: relative error "
+                               f"{e:.3g} vs the dense model (tolerance {TOLERANCE:g})")
+                    break
+        if any(comm.builtin.allgather_object(bool(out))):   # every rank stops at the same schedule
+            break
+    return out
+
+
+# ---------------------------------------------------------------- the exercise's demo
+
+def _try(call):
+    try:
+        return call(), None
+    except NotImplementedError as err:
+        return None, f"not implemented yet ({err})"
+    except ScheduleError as err:
+        return None, f"not a valid schedule:\n{err}"
+
+
+def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, m=None):
+    """What ``mpiexec -n P python -m mpi4py labs/03_pipeline/exercise.py`` shows: on rank 0
+    the grid of the learner's GPipe and 1F1B for p = P ranks, each with its simulated bubble
+    (through the learner's ``bubble_fraction``) against (p-1)/(m+p-1) and its peak in-flight
+    activations; then, on every rank, one real training step of the learner's 1F1B (minipar's
+    if theirs is missing or invalid) with every message placed by the learner's pairing."""
+    p = comm.size
+    m = m or 2 * p
+    run_sched = one_f_one_b(p, m)
+    for name, fn, ref in (("gpipe", gpipe_fn, gpipe), ("1f1b", one_f_one_b_fn, one_f_one_b)):
+        def build():
+            sched, why = as_schedule(name, p, m, fn(p, m), ref(p, m))
+            if why:
+                raise ScheduleError(why)
+            validate(sched)
+            return sched
+        sched, why = _try(build)
+        if comm.rank != 0:
+            if name == "1f1b" and sched is not None:
+                run_sched = sched
+            continue
+        print(f"\n== your {name}, p={p}, m={m}: " + (why or "valid"), flush=True)
+        if sched is None:
+            continue
+        if name == "1f1b":
+            run_sched = sched
+        print(format_grid(sched))
+        sim = simulate(sched, {"F": 1, "B": 2})
+        bubble, why = _try(lambda: bubble_fn([(e.rank, e.start, e.end) for e in sim.events], p))
+        theory = Fraction(p - 1, m + p - 1)
+        print(f"simulated with F=1, B=2: makespan {sim.makespan}; your bubble_fraction: "
+              f"{why or f'{float(bubble):.4f}'}; theory (p-1)/(m+p-1) = {theory} = {float(theory):.4f}")
+        print(f"peak activations held per rank: {sim.peak_inflight}", flush=True)
+    # one training step on these ranks with the learner's pairing
+    S = run_sched.total_stages
+    x, t = _data(comm, m, 3, 8, seed=3)
+    stages = build_stages(S, 8, 8, np.random.default_rng([3, 0]))
+    mine = {s: stages[s] for s in range(S) if run_sched.stage_to_rank[s] == comm.rank}
+    loss, why = _try(lambda: run_with_pairing(comm, run_sched, mine, [x[k * 3:(k + 1) * 3] for k in range(m)],
+                                              [t[k * 3:(k + 1) * 3] for k in range(m)], pairing_fn))
+    loss = comm.builtin.bcast_object(loss, root=run_sched.stage_to_rank[S - 1])
+    if comm.rank == 0:
+        if why:
+            print(f"\n== a training step with your peer_and_tag: {why}")
+        else:
+            ref_loss = reference_step(build_stages(S, 8, 8, np.random.default_rng([3, 0])), x, t)
+            whose = "" if "yours" in run_sched.name else " (minipar's: yours is missing or invalid)"
+            print(f"\n== a training step of {run_sched.name}{whose} on {p} ranks with your peer_and_tag: "
+                  f"loss {loss:.12f}, dense model {ref_loss:.12f}, relative error "
+                  f"{rel_error(np.float64(loss), np.float64(ref_loss)):.2g}")
+        print("now grade it: minipar check 03", flush=True)
