@@ -64,14 +64,14 @@ def gelu_forward(x):
     Saved for backward: ctx = (x, tanh(u)).
     """
     xp = namespace(x)
-    t = xp.tanh(_GELU_C * (x + _GELU_A * x**3))
+    t = xp.tanh(_GELU_C * (x + _GELU_A * (x * x * x)))  # x*x*x: NumPy's float power is ~100x slower
     return 0.5 * x * (1.0 + t), (x, t)
 
 
 def gelu_backward(dy, ctx):
     """dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
     x, t = ctx
-    du = _GELU_C * (1.0 + 3.0 * _GELU_A * x**2)
+    du = _GELU_C * (1.0 + 3.0 * _GELU_A * (x * x))
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
 
 
