@@ -1,0 +1,234 @@
+"""The pieces every data-parallel engine shares: flat padded buffers, a non-blocking ring, the step.
+
+    flat = Flat([layer], p)                 # where each weight of ``layer`` sits in one padded 1-D buffer
+    gen = ring_steps(comm, buf, tag)        # a ring all-reduce you advance with next(gen)
+    Engine(comm, model).train_step(x, y)    # forward, backward, sync_grads, update, with hooks
+
+DDP (``ddp.py``) and the ZeRO stages (``minipar.zero``) are ``Engine`` subclasses that fill in
+the hooks; ``train_dense`` is the single-process reference they must all reproduce.
+"""
+from __future__ import annotations
+
+import time
+from math import prod
+
+from ..comm import wait_all
+from ..memory import Ledger
+from ..mixed_precision import FlatAdam, astype, working_dtype
+from ..nn import mse_loss
+from ..optim import Adam
+from ..xp import chunk_bounds, empty, itemsize, native, namespace, zeros
+
+TAG = 2000  # non-blocking rings: TAG + bucket (or unit) index
+
+
+# --------------------------------------------------------------------------- the dense reference
+
+
+def train_dense(model, x, y, steps=1, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, loss=mse_loss):
+    """One process, the whole batch, torch.optim.Adam's update; ``steps`` times. Returns the losses."""
+    opt = Adam([p for _, p in model.named_parameters()], lr, betas, eps, weight_decay)
+    losses = []
+    for _ in range(steps):
+        model.zero_grad()
+        pred, ctx = model.forward(x)
+        value, dpred = loss(pred, y)
+        model.backward(dpred, ctx)
+        opt.step([g for _, g in model.named_grads()])
+        losses.append(float(value))
+    return losses
+
+
+def local_batch(comm, x):
+    """Rows ``chunk_bounds(B, N)[rank]`` of x: this rank's data shard.
+
+    Averaging the ranks' mean-loss gradients gives the whole batch's gradient only when the
+    shards are equal (N divides B); otherwise the samples of the shorter shards weigh more.
+    """
+    a, b = chunk_bounds(x.shape[0], comm.size)[comm.rank]
+    return x[a:b]
+
+
+# --------------------------------------------------------------------------- flat buffers
+
+
+def param_slots(module):
+    """(owning module, local name) of every parameter, in ``named_parameters()`` order."""
+    for name in module.params:
+        yield module, name
+    for child in module.children().values():
+        yield from param_slots(child)
+
+
+class Flat:
+    """Where each parameter of some layers sits in one 1-D buffer, padded to a multiple of p.
+
+    n real elements, n_pad = n rounded up to a multiple of p; rank r's shard is
+    ``bounds(r) = [r*S, (r+1)*S)``, S = n_pad / p. The module's ``params``/``grads`` entries can
+    be *bound* to views of a buffer, so the layers read and accumulate straight into it.
+    """
+
+    def __init__(self, layers, p):
+        self.slots, n = [], 0  # (module, name, shape, start, stop)
+        for layer in layers:
+            for mod, name in param_slots(layer):
+                shape = tuple(mod.params[name].shape)
+                self.slots.append((mod, name, shape, n, n + prod(shape)))
+                n += prod(shape)
+        self.n, self.p = n, p
+        self.n_pad = -(-n // p) * p
+        self.shard = self.n_pad // p
+
+    def bounds(self, r):
+        return r * self.shard, (r + 1) * self.shard
+
+    def values(self, like, dtype):
+        """A new (n_pad,) buffer holding the current parameter values, zero padding."""
+        buf = zeros((self.n_pad,), like=like, dtype=dtype)
+        for mod, name, _, a, b in self.slots:
+            buf[a:b] = astype(namespace(like).reshape(mod.params[name], (-1,)), dtype)
+        return buf
+
+    def bind(self, which, buf):
+        """Point ``module.params`` (or ``.grads``) at views of ``buf``."""
+        for mod, name, shape, a, b in self.slots:
+            getattr(mod, which)[name] = namespace(buf).reshape(buf[a:b], shape)
+
+    def unbind(self, which):
+        """Drop the module's references (ZeRO-2/3 between uses): a stray use fails loudly."""
+        for mod, name, *_ in self.slots:
+            getattr(mod, which)[name] = None
+
+    def views(self, which):
+        return [getattr(mod, which)[name] for mod, name, *_ in self.slots]
+
+
+# --------------------------------------------------------------------------- a non-blocking ring
+
+
+def ring_steps(comm, buf, tag, phases=("reduce-scatter", "all-gather"), name="all_reduce:ring"):
+    """The ring all-reduce of flat ``buf`` (in place, chunks ``chunk_bounds``) as a generator.
+
+    ``next(g)`` posts one ring step (an ``irecv`` from the left and an ``isend`` to the right) and
+    returns; the following ``next(g)`` waits for that step, adds what arrived (reduce-scatter
+    phase) and posts the next step. In between, the caller computes (a layer's backward) while
+    the engine moves the bytes: gloo does it on its own threads; MPI's shared-memory transport
+    delivers small messages at once and larger ones whenever a rank enters MPI. One thread, no
+    locks; the price is that a step advances only when we call ``next``, so we call it between
+    layers and drain whatever is left after the backward. ``phases=("all-gather",)`` gives a
+    non-blocking all-gather (rank r's chunk must be in place), ``("reduce-scatter",)`` the other
+    half. The additions happen in exactly the order of ``collectives._ring_reduce_scatter``, so
+    the result is bitwise the blocking ``all_reduce(comm, x, "ring")``.
+    """
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    bounds = chunk_bounds(buf.shape[0], p)
+    t0 = time.perf_counter()
+    if "reduce-scatter" in phases:
+        tmp = empty((max(b - a for a, b in bounds),), like=buf)
+        for s in range(p - 1):  # send chunk r-s-1, receive chunk r-s-2 and add it in
+            (sa, sb), (ra, rb) = bounds[(r - s - 1) % p], bounds[(r - s - 2) % p]
+            reqs = [comm.irecv(tmp[: rb - ra], left, tag), comm.isend(buf[sa:sb], right, tag)]
+            yield
+            wait_all(reqs)
+            native(buf).add(buf[ra:rb], tmp[: rb - ra], out=buf[ra:rb])
+    if "all-gather" in phases:
+        for s in range(p - 1):  # pass chunk r-s on, receive chunk r-s-1 straight into place
+            (sa, sb), (ra, rb) = bounds[(r - s) % p], bounds[(r - s - 1) % p]
+            reqs = [comm.irecv(buf[ra:rb], left, tag), comm.isend(buf[sa:sb], right, tag)]
+            yield
+            wait_all(reqs)
+    if comm.tracer.enabled:
+        comm.tracer.record("collective", name, t0, time.perf_counter())
+
+
+def drain(gen):
+    """Run a ``ring_steps`` generator to the end (a blocking collective)."""
+    for _ in gen:
+        pass
+
+
+# --------------------------------------------------------------------------- the training step
+
+
+class Engine:
+    """One data-parallel training step with hooks where DDP and ZeRO communicate.
+
+    forward:  for each layer: before_forward, layer.forward, after_forward (may rewrite its ctx)
+    backward: for each layer, last first: before_backward, backward_input, backward_weight,
+              after_backward; ``progress()`` between them advances non-blocking collectives
+    then:     sync_grads (the averaging), update (the optimizer), ledger.sample()
+    """
+
+    stage = 0
+
+    def __init__(self, comm, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 mixed=False, offload=False, loss=mse_loss):
+        self.comm, self.model, self.loss = comm, model, loss
+        self.layers = list(model.children().items())  # (name, module), run in this order
+        self.units = [name for name, m in self.layers if m.num_params()]
+        self.index = {u: i for i, u in enumerate(self.units)}
+        self.like = next(p for _, p in model.named_parameters())  # a full-precision param
+        self.dtype = working_dtype(self.like, mixed)
+        self.b_work = itemsize(zeros((1,), like=self.like, dtype=self.dtype))  # bytes per working param
+        self.adam = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, mixed=mixed, offload=offload)
+        self.ledger = Ledger()
+        self.psi = model.num_params()
+
+    def optimizer(self, param, init):
+        opt = FlatAdam(param, init, **self.adam)
+        self.ledger.track("host" if self.adam["offload"] else "optimizer", *opt.arrays())
+        return opt
+
+    def train_step(self, x, y):
+        """Forward, loss, backward, gradient averaging, update. x, y: this rank's batch. Returns the loss."""
+        self.zero_grad()
+        x, y = astype(x, self.dtype), astype(y, self.dtype)
+        pred, ctxs = self.forward(x)
+        value, dpred = self.loss(pred, y)
+        self.backward(dpred, ctxs)
+        self.sync_grads()
+        with self.comm.region("update"):
+            self.update()
+        self.ledger.sample()
+        return float(value)
+
+    def forward(self, x):
+        ctxs = {}
+        for name, layer in self.layers:
+            self.before_forward(name)
+            with self.comm.region(f"forward {name}"):
+                x, ctx = layer.forward(x)
+            ctxs[name] = self.after_forward(name, ctx)
+            self.progress()
+        return x, ctxs
+
+    def backward(self, dy, ctxs):
+        for name, layer in reversed(self.layers):
+            ctx = self.before_backward(name, ctxs.pop(name))
+            with self.comm.region(f"backward {name}"):
+                dx = layer.backward_input(dy, ctx)
+            self.progress()
+            with self.comm.region(f"backward_weight {name}"):
+                layer.backward_weight(dy, ctx)
+            self.after_backward(name)
+            self.progress()
+            dy = dx
+
+    # hooks: nothing by default
+    def zero_grad(self): pass
+    def before_forward(self, name): pass
+    def after_forward(self, name, ctx): return ctx
+    def before_backward(self, name, ctx): return ctx
+    def after_backward(self, name): pass
+    def progress(self): pass
+    def sync_grads(self): pass
+    def update(self): pass
+
+    def bytes_per_param(self):
+        """(working param bytes, grad bytes, optimizer K) as this engine stores them."""
+        state = 4 if self.adam["mixed"] else itemsize(self.like)
+        return self.b_work, self.b_work, (3 if self.adam["mixed"] else 2) * state
+
+    def measured_memory(self):
+        return self.ledger.report()

@@ -1,0 +1,183 @@
+"""Memory per rank of data-parallel training: the ZeRO formulas, and a ledger that measures.
+
+    minipar memory --params 7.5e9 --dp 64 --stage 3          # the ZeRO paper's example: 1.9 GB
+    minipar memory --params 1e9 --dp 1 --stage 0 --precision fp32 --json out.json
+
+Training keeps, per parameter (Psi parameters, N data-parallel ranks):
+
+    weights   2 bytes (float16 working copy)           \
+    gradients 2 bytes                                   } mixed-precision Adam: 2 + 2 + K
+    optimizer K = 12 bytes (fp32 master, m, v)          /
+
+Storing a model keeps only the weights (4 bytes per parameter in fp32): 1B parameters are 4 GB
+on disk but 16 GB to train with Adam, before a single activation. ZeRO removes the redundancy of
+data parallelism, where every rank holds all of it:
+
+    stage 0 (DDP)  (2 + 2 + K) Psi
+    stage 1        2 Psi + 2 Psi + K Psi / N          optimizer state sharded
+    stage 2        2 Psi + (2 + K) Psi / N            + gradients sharded
+    stage 3        (2 + 2 + K) Psi / N                + parameters sharded
+
+Activations are not in these numbers: they grow with batch and sequence length, not with N.
+
+``Ledger`` measures the same three quantities on real ranks: the bytes of the arrays a rank
+actually holds (weakly referenced, so an array kept alive by accident is counted), peak over
+the step. ``zero_bytes(..., pad=, gathered=, unit_grad=)`` adds the terms a real run has on top
+of the formula: padding, and the layer(s) gathered or whose full gradient is alive at the peak.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import weakref
+
+GB = 1e9
+CATEGORIES = ("params", "grads", "optimizer")
+
+# (working param bytes, gradient bytes, optimizer bytes K) per parameter
+BYTES = {
+    ("adam", "mixed"): (2, 2, 12),  # fp16 weights + fp16 grads; fp32 master, m, v
+    ("adam", "fp32"): (4, 4, 8),  # fp32 weights + grads; m, v
+    ("sgd", "mixed"): (2, 2, 8),  # SGD with momentum: fp32 master + momentum
+    ("sgd", "fp32"): (4, 4, 4),  # momentum
+}
+
+
+def zero_bytes(psi, n, stage, bytes_param=2, bytes_grad=2, k=12, offload=False,
+               pad=0, gathered=0, unit_grad=0) -> dict:
+    """Bytes per rank of params, grads and optimizer state for ZeRO ``stage`` (0 = plain DDP).
+
+    psi parameters, n ranks. Extras (in elements, 0 for the paper's formula): ``pad`` padding
+    elements added to make every layer divisible by n (held like parameters), ``gathered``
+    elements of full layers gathered on top of the stage-3 shards, ``unit_grad`` elements of the
+    full gradient of the layer being reduced on top of the stage-2/3 gradient shards.
+    ``offload``: the optimizer state lives on the host (reported as ``host_bytes``).
+    """
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage={stage!r}: choose 0 (DDP), 1, 2 or 3")
+    p = psi + pad
+    params = bytes_param * (p if stage < 3 else p / n + gathered)
+    grads = bytes_grad * (p if stage < 2 else p / n + unit_grad)
+    opt = k * (p if stage == 0 else p / n)
+    out = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": 0 if offload else opt}
+    out["total_bytes"] = sum(out.values())
+    if offload:
+        out["host_bytes"] = opt
+    return out
+
+
+# ------------------------------------------------------------------------------- measuring
+
+
+class Ledger:
+    """The bytes of the arrays a rank holds, by category, sampled when the engine says so.
+
+    ``track(category, array)`` remembers an array that owns its memory (a buffer, a shard, not a
+    view of one) through a weak reference; ``sample()`` sums the arrays still alive. An array
+    freed by the engine but kept alive elsewhere (say, by an activation context) still counts:
+    that is real memory.
+    """
+
+    def __init__(self):
+        self.refs = {c: {} for c in CATEGORIES + ("host",)}
+        self.peak = {c: 0 for c in self.refs}
+        self.peak_total = 0
+        self.samples = 0
+
+    def track(self, category, *arrays):
+        for a in arrays:
+            self.refs[category][id(a)] = (weakref.ref(a), _nbytes(a))
+
+    def now(self) -> dict:
+        """Bytes per category held right now (dead references are dropped)."""
+        out = {}
+        for c, refs in self.refs.items():
+            for key in [k for k, (r, _) in refs.items() if r() is None]:
+                del refs[key]
+            out[c] = sum(nb for _, nb in refs.values())
+        return out
+
+    def sample(self):
+        cur = self.now()
+        self.samples += 1
+        for c, b in cur.items():
+            self.peak[c] = max(self.peak[c], b)
+        self.peak_total = max(self.peak_total, sum(cur[c] for c in CATEGORIES))
+
+    def reset_peak(self):
+        self.peak = {c: 0 for c in self.refs}
+        self.peak_total = 0
+
+    def report(self) -> dict:
+        """Peak bytes per category over the samples since ``reset_peak`` (zero_bytes' keys)."""
+        out = {f"{c}_bytes": self.peak[c] for c in CATEGORIES}
+        out["total_bytes"] = self.peak_total
+        out["host_bytes"] = self.peak["host"]
+        return out
+
+
+def _nbytes(a):
+    from .xp import nbytes
+
+    return nbytes(a)
+
+
+# ------------------------------------------------------------------------------- the calculator
+
+
+def calculate(params, dp, stage, optimizer="adam", precision="mixed", offload=False) -> dict:
+    bp, bg, k = BYTES[(optimizer, precision)]
+    return zero_bytes(params, dp, stage, bp, bg, k, offload)
+
+
+def describe(args) -> str:
+    res = calculate(args.params, args.dp, args.stage, args.optimizer, args.precision, args.offload)
+    bp, bg, k = BYTES[(args.optimizer, args.precision)]
+    name = {0: "no ZeRO (plain DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}[args.stage]
+    lines = [f"{args.params:.4g} parameters, {args.dp} data-parallel ranks, {name}, "
+             f"{args.optimizer} in {args.precision} precision ({bp} + {bg} + K={k} bytes/param)"
+             + (", optimizer offloaded to the host" if args.offload else ""),
+             "per rank:"]
+    for c in CATEGORIES:
+        lines.append(f"  {c:<10} {res[c + '_bytes'] / GB:10.3f} GB")
+    lines.append(f"  {'total':<10} {res['total_bytes'] / GB:10.3f} GB   (+ activations, which grow with batch x sequence)")
+    if args.offload:
+        lines.append(f"  {'host':<10} {res['host_bytes'] / GB:10.3f} GB   (optimizer state in CPU memory)")
+    lines.append(f"storing vs training: the fp32 weights alone are {4 * args.params / GB:.3g} GB to store; "
+                 f"training one replica without ZeRO needs {(bp + bg + k) * args.params / GB:.3g} GB "
+                 f"(weights {bp * args.params / GB:.3g} + grads {bg * args.params / GB:.3g} + "
+                 f"optimizer {k * args.params / GB:.3g})")
+    return "\n".join(lines)
+
+
+def cmd_memory(args) -> int:
+    if args.params <= 0 or args.dp < 1:
+        print("minipar memory: --params must be > 0 and --dp >= 1")
+        return 2
+    print(describe(args))
+    if args.json:
+        res = calculate(args.params, args.dp, args.stage, args.optimizer, args.precision, args.offload)
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_commands(subparsers):
+    """Add the ``memory`` verb to minipar's CLI."""
+    p = subparsers.add_parser(
+        "memory", help="bytes per rank of weights, gradients and optimizer state under ZeRO",
+        description="Memory per data-parallel rank for ZeRO stage 0-3 (GB = 1e9 bytes).",
+        epilog="example (the ZeRO paper's 7.5B model on 64 GPUs):\n"
+               "  minipar memory --params 7.5e9 --dp 64 --stage 1\n"
+               "  -> 31.4 GB per rank (120 GB without ZeRO, 16.6 GB stage 2, 1.9 GB stage 3)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--params", type=float, required=True, metavar="PSI", help="number of parameters, e.g. 7.5e9")
+    p.add_argument("--dp", type=int, default=1, metavar="N", help="data-parallel ranks (default 1)")
+    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage (0 = plain DDP)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam (default) or sgd with momentum")
+    p.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
+                   help="mixed: fp16 weights/grads + fp32 master (default); fp32: everything in fp32")
+    p.add_argument("--offload", action="store_true", help="ZeRO-Offload: optimizer state on the host")
+    p.add_argument("--json", metavar="FILE", help="also write the numbers (bytes) as JSON")
+    p.set_defaults(func=cmd_memory)

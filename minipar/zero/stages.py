@@ -1,0 +1,274 @@
+"""ZeRO stages 1, 2, 3: each a small change to the one before it.
+
+    opt = ZeRO1(comm, model, lr=1e-3, mixed=True)     # or ZeRO2, ZeRO3 (prefetch=True), offload=True
+    loss = opt.train_step(local_batch(comm, x), local_batch(comm, y))
+
+Every unit (a top-level layer with weights) is one flat buffer padded to a multiple of N
+(``Flat``); rank r owns the slice ``[r*S, (r+1)*S)`` of every unit (S = n_pad / N), as in the
+picture of the backpackers: everyone carries a piece of every layer. Per unit and step:
+
+    stage  holds                              sends (ring)                              per rank
+    1      full params, full grads, 1/N state  reduce-scatter grads, all-gather params    2 (N-1)/N Psi
+    2      full params, 1/N grads, 1/N state   the same, the reduce-scatter right after     2 (N-1)/N Psi
+                                               the unit's backward (its full grad is freed)
+    3      1/N of everything                   all-gather before forward, again before      3 (N-1)/N Psi
+                                               backward, reduce-scatter after backward
+
+The reduce-scatter adds in exactly the order of DDP's ring all-reduce on the same padded unit
+(``DDP(bucket_bytes=0)``), and Adam is elementwise, so every stage is *bitwise* DDP.
+"""
+from __future__ import annotations
+
+from .. import collectives as C
+from ..data_parallel.engine import TAG, Engine, Flat, drain, ring_steps
+from ..memory import zero_bytes
+from ..xp import copy, empty, to_numpy, zeros
+
+GATHER_TAG = TAG + 500  # + unit index: stage-3 gathers
+
+
+class ZeRO1(Engine):
+    """Optimizer state sharded: each rank keeps Adam's state for its shard of every unit only.
+
+    After the backward: reduce-scatter each unit's gradient (rank r receives the sum of shard r),
+    divide by N, update shard r of the parameters, all-gather the updated shards.
+    """
+
+    stage = 1
+
+    def __init__(self, comm, model, **kw):
+        super().__init__(comm, model, **kw)
+        self.flats = {u: Flat([model.children()[u]], comm.size) for u in self.units}
+        self.mine = {u: f.bounds(comm.rank) for u, f in self.flats.items()}  # (a, b) of my shard
+        inits = {u: f.values(self.like, self.like.dtype) for u, f in self.flats.items()}  # full precision
+        self.setup_params()
+        self.setup_grads()
+        self.opts = {u: self.optimizer(self.param_shard(u), copy(inits[u][slice(*self.mine[u])]))
+                     for u in self.units}
+
+    # -- parameters: full working copy on every rank (stages 1, 2)
+    def setup_params(self):
+        self.P = {}
+        for u, f in self.flats.items():
+            self.P[u] = f.values(self.like, self.dtype)  # (n_pad,)
+            f.bind("params", self.P[u])
+            self.ledger.track("params", self.P[u])
+
+    def param_shard(self, u):
+        return self.P[u][slice(*self.mine[u])]  # (S,) view
+
+    def after_update(self, u):
+        """Everyone gets everyone's updated shard (ring all-gather, in place)."""
+        drain(ring_steps(self.comm, self.P[u], GATHER_TAG + self.index[u], ("all-gather",), "all_gather:ring"))
+
+    # -- gradients: a full buffer per unit (stage 1)
+    def setup_grads(self):
+        self.G = {}
+        for u, f in self.flats.items():
+            self.G[u] = zeros((f.n_pad,), like=self.like, dtype=self.dtype)
+            f.bind("grads", self.G[u])
+            self.ledger.track("grads", self.G[u])
+
+    def zero_grad(self):
+        for G in self.G.values():
+            G[...] = 0
+
+    def after_backward(self, name):
+        self.ledger.sample()
+
+    def sync_grads(self):
+        for u, G in self.G.items():
+            shard = C.reduce_scatter(self.comm, G)  # (S,) the sum of my shard over ranks
+            shard /= self.comm.size
+            G[slice(*self.mine[u])] = shard  # only this slice of G means anything now
+
+    def grad_shard(self, u):
+        return self.G[u][slice(*self.mine[u])]
+
+    def update(self):
+        for u in self.units:
+            self.opts[u].step(self.param_shard(u), self.grad_shard(u))
+            self.after_update(u)
+
+    # -- reading results and predicting memory
+    def params_numpy(self):
+        """{qualified name: NumPy copy} of the full parameters, on every rank."""
+        return {n: to_numpy(copy(p)) for n, p in self.model.named_parameters()}
+
+    def predicted_memory(self):
+        pad = sum(f.n_pad for f in self.flats.values()) - self.psi
+        return zero_bytes(self.psi, self.comm.size, self.stage, *self.bytes_per_param(),
+                          self.adam["offload"], pad=pad, **self.extras())
+
+    def extras(self):
+        return {}
+
+
+class ZeRO2(ZeRO1):
+    """Gradients sharded too: right after a unit's backward, reduce-scatter its gradient into
+    the rank's shard and free the full buffer. Only one unit's full gradient exists at a time.
+    """
+
+    stage = 2
+
+    def setup_grads(self):
+        self.G, self.Gs = {}, {}
+        for u, f in self.flats.items():
+            self.Gs[u] = zeros((f.shard,), like=self.like, dtype=self.dtype)  # (S,) kept
+            self.ledger.track("grads", self.Gs[u])
+            f.unbind("grads")
+
+    def zero_grad(self):
+        pass  # each unit's full gradient buffer is new and zero for every backward
+
+    def before_backward(self, name, ctx):
+        if name in self.flats:  # a zero buffer for the layer to accumulate into
+            self.G[name] = zeros((self.flats[name].n_pad,), like=self.like, dtype=self.dtype)
+            self.flats[name].bind("grads", self.G[name])
+            self.ledger.track("grads", self.G[name])
+        return ctx
+
+    def after_backward(self, name):
+        if name in self.flats:
+            self.ledger.sample()  # the peak: this unit's full gradient + every shard
+            shard = C.reduce_scatter(self.comm, self.G.pop(name))
+            shard /= self.comm.size
+            self.Gs[name][...] = shard
+            self.flats[name].unbind("grads")  # the full gradient is freed here
+
+    def sync_grads(self):
+        pass  # already done, unit by unit, during the backward
+
+    def grad_shard(self, u):
+        return self.Gs[u]
+
+    def extras(self):
+        return {"unit_grad": max(f.n_pad for f in self.flats.values())}
+
+
+class _Weight:
+    """Stands in an activation context for a gathered weight that has been freed."""
+
+    __slots__ = ("unit", "i")
+
+    def __init__(self, unit, i):
+        self.unit, self.i = unit, i
+
+
+def swap(ctx, table):
+    """A copy of nested ctx (dicts, tuples, lists) with every object whose id is in table replaced."""
+    if id(ctx) in table:
+        return table[id(ctx)]
+    if isinstance(ctx, dict):
+        return {k: swap(v, table) for k, v in ctx.items()}
+    if isinstance(ctx, (tuple, list)):
+        return type(ctx)(swap(v, table) for v in ctx)
+    return ctx
+
+
+class ZeRO3(ZeRO2):
+    """Parameters sharded too: a unit's weights exist in full only while it computes.
+
+    Before a unit's forward (and again before its backward) its shards are all-gathered; right
+    after, the full weights are freed, including from the activation context, where a
+    placeholder (``_Weight``) takes their place until the backward gathers them again. With
+    ``prefetch`` the gather of the next unit is started (one ring step posted) before this one
+    computes, and advanced between layers.
+    """
+
+    stage = 3
+
+    def __init__(self, comm, model, prefetch=True, **kw):
+        self.prefetch, self.gathering = prefetch, {}  # unit -> (buffer, generator) in flight
+        super().__init__(comm, model, **kw)
+        self.placeholders = {u: [_Weight(u, i) for i in range(len(f.slots))] for u, f in self.flats.items()}
+
+    def setup_params(self):
+        self.P, self.Ps = {}, {}
+        for u, f in self.flats.items():
+            full = f.values(self.like, self.dtype)  # built once, dropped at the end of this loop
+            self.Ps[u] = copy(full[slice(*self.mine[u])])  # (S,) the only copy kept
+            self.ledger.track("params", self.Ps[u])
+            f.unbind("params")
+
+    def param_shard(self, u):
+        return self.Ps[u]
+
+    def after_update(self, u):
+        pass  # the next forward gathers the new shards
+
+    # -- gathering on demand
+    def start_gather(self, u):
+        if u is None or u in self.gathering or u in self.P:
+            return
+        buf = empty((self.flats[u].n_pad,), like=self.Ps[u])  # (n_pad,)
+        buf[slice(*self.mine[u])] = self.Ps[u]
+        gen = ring_steps(self.comm, buf, GATHER_TAG + self.index[u], ("all-gather",), "all_gather:ring")
+        next(gen, None)
+        self.gathering[u] = (buf, gen)
+        self.ledger.track("params", buf)
+
+    def gather(self, u):
+        self.start_gather(u)
+        if u in self.gathering:
+            buf, gen = self.gathering.pop(u)
+            drain(gen)
+            self.P[u] = buf
+            self.flats[u].bind("params", buf)
+
+    def free(self, u):
+        self.flats[u].unbind("params")
+        del self.P[u]
+
+    def neighbour(self, u, step):
+        i = self.index[u] + step
+        return self.units[i] if self.prefetch and 0 <= i < len(self.units) else None
+
+    def progress(self):
+        for u, (buf, gen) in list(self.gathering.items()):
+            if next(gen, StopIteration) is StopIteration:  # done: keep the buffer, drop the generator
+                self.gathering[u] = (buf, iter(()))
+
+    def before_forward(self, name):
+        if name in self.flats:
+            self.gather(name)
+            self.start_gather(self.neighbour(name, +1))
+
+    def after_forward(self, name, ctx):
+        if name not in self.flats:
+            return ctx
+        self.ledger.sample()  # the peak of the forward: this unit + the next one in flight
+        table = {id(w): ph for w, ph in zip(self.flats[name].views("params"), self.placeholders[name])}
+        ctx = swap(ctx, table)  # the context must not keep the full weights alive
+        self.free(name)
+        return ctx
+
+    def before_backward(self, name, ctx):
+        if name not in self.flats:
+            return ctx
+        self.gather(name)
+        self.start_gather(self.neighbour(name, -1))
+        table = {id(ph): w for w, ph in zip(self.flats[name].views("params"), self.placeholders[name])}
+        return super().before_backward(name, swap(ctx, table))
+
+    def after_backward(self, name):
+        super().after_backward(name)  # sample, reduce-scatter the gradient, free it
+        if name in self.flats:
+            self.free(name)
+
+    def params_numpy(self):
+        """Collective: every unit gathered once (blocking, not part of any training step)."""
+        out = {}
+        for u in self.units:
+            self.gather(u)
+            out.update({f"{u}.{n}": to_numpy(copy(p)) for n, p in self.model.children()[u].named_parameters()})
+            self.free(u)
+        return out
+
+    def extras(self):
+        sizes = [self.flats[u].n_pad for u in self.units]
+        pairs = [a + b for a, b in zip(sizes, sizes[1:])] if self.prefetch and len(sizes) > 1 else sizes
+        return {"unit_grad": max(sizes), "gathered": max(pairs)}
+
+
+STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3}
