@@ -25,6 +25,19 @@ LESSONS = [
            "minipar.lessons.collectives:tour", "minipar.figures.collectives",
            "labs/01_collectives", "notebooks/01_collectives.ipynb",
            ("collectives_busbw.png", "collectives_ring_steps.png")),
+    Lesson("02", "tensor_parallel", "Tensor parallelism: column/row splits, Megatron MLP and attention, 2D block product",
+           "minipar.lessons.tensor_parallel:tour", "minipar.figures.tp",
+           "labs/02_tensor_parallel", "notebooks/02_tensor_parallel.ipynb",
+           ("tp_speedup.png", "tp_comm_fraction.png")),
+    Lesson("03", "pipeline", "Pipeline parallelism: naive, GPipe, 1F1B, interleaved, zero-bubble; bubbles measured",
+           "minipar.lessons.pipeline:tour", "minipar.figures.pipeline",
+           "labs/03_pipeline", "notebooks/03_pipeline.ipynb",
+           ("pipeline_schedules.png", "pipeline_measured_vs_simulated.png", "bubble_vs_microbatches.png",
+            "pipeline_memory.png", "pipeline_async.png")),
+    Lesson("04", "data_parallel", "Data parallelism and ZeRO: DP vs DDP, buckets and overlap, ZeRO-1/2/3",
+           "minipar.lessons.data_parallel:tour", "minipar.figures.zero",
+           "labs/04_zero", "notebooks/04_data_parallel_zero.ipynb",
+           ("zero_memory.png", "zero_traffic.png", "ddp_overlap_timeline.png", "dp_vs_ddp.png")),
 ]
 
 

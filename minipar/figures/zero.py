@@ -175,9 +175,11 @@ def measure(quick=False, overlap_backend=None):
     return out
 
 
-def make(outdir, quick=False, overlap_backend=None):
+def make(outdir, quick=False, backend=None, device=None, overlap_backend=None):
+    """The four figures (and zero_numbers.json) from fresh runs; ``backend`` picks the one the
+    overlap timeline is traced on (memory and traffic are counted on MPI)."""
     os.makedirs(outdir, exist_ok=True)
-    m = measure(quick, overlap_backend)
+    m = measure(quick, overlap_backend or backend)
     paths = [plot_memory(m["memory"], os.path.join(outdir, "zero_memory.png")),
              plot_traffic(m["traffic"], os.path.join(outdir, "zero_traffic.png")),
              plot_overlap(m["overlap"], os.path.join(outdir, "ddp_overlap_timeline.png"), m["overlap_backend"]),
