@@ -35,6 +35,9 @@ def main(spec_path: str, result_path: str):
         with open(result_path, "wb") as f:
             pickle.dump({"results": results, "trace": events}, f)
     comm.builtin.barrier()
+    from minipar.comm import finalize
+
+    finalize()
 
 
 if __name__ == "__main__":

@@ -12,17 +12,7 @@ import time
 
 from .course import LESSONS, lesson
 from .launcher import LaunchError, launch
-
-
-def merge_rows(per_rank):
-    """Rows from every rank -> one row per check: max error, ok only if ok everywhere."""
-    out = {}
-    for rows in per_rank:
-        for r in rows:
-            m = out.setdefault(r["what"], dict(r))
-            m["error"] = max(m["error"], r["error"])
-            m["ok"] = m["ok"] and r["ok"]
-    return list(out.values())
+from .lessons.common import merge_rows
 
 
 def resolve_device(backend, device):

@@ -52,3 +52,17 @@ def test_bench_collectives_json(tmp_path):
         assert r["ranks"] == 2 and r["time_s"] > 0
         assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * (2 - 1) / 2)
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lesson", ["tensor_parallel", "data_parallel"])
+def test_run_lesson_honours_n_before_the_lesson_name(lesson, tmp_path):
+    js, tr = tmp_path / "rows.json", tmp_path / "trace.json"
+    out = minipar("run", "-n", "2", lesson, "--json", str(js), "--trace", str(tr))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "on 2 ranks" in out.stdout
+    rows = json.load(open(js))
+    assert rows and all(r["ok"] for r in rows)
+    ranks = {e["pid"] for e in json.load(open(tr))["traceEvents"] if e["ph"] == "X"}
+    assert ranks == {0, 1}

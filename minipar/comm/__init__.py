@@ -19,7 +19,7 @@ from ..trace import Tracer
 from .base import Comm, Request, wait_all
 from .watchdog import Watchdog, timeout_from_env
 
-__all__ = ["init", "Comm", "Request", "wait_all", "BACKENDS"]
+__all__ = ["init", "finalize", "Comm", "Request", "wait_all", "BACKENDS"]
 
 BACKENDS = ("mpi", "torch")
 _WORLD: dict[tuple, Comm] = {}
@@ -128,3 +128,15 @@ def _destroy():
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def finalize():
+    """End this process's communicators while the interpreter is fully alive.
+
+    torch: destroys every process group. Left to interpreter exit, gloo's worker threads can
+    still hold tensors when Python is being torn down, and the process aborts with "terminate
+    called without an active exception". MPI finalizes itself at exit.
+    """
+    if "torch.distributed" in sys.modules:
+        _destroy()
+    _WORLD.clear()

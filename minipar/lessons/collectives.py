@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import collectives as C
 from ..xp import chunk_bounds, to_numpy
+from .common import format_rows, rel_error  # noqa: F401  (format_rows: re-exported)
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "int64": 0.0}
 DEFAULT_LENGTHS = (1, 2, 3, 7, 8, 13, 64, 1000)
@@ -25,14 +26,6 @@ def draw(comm, n, dtype, seed=0, rank=None):
     a = rng.integers(-50, 50, size=n) if dtype == "int64" else rng.standard_normal(n)
     return comm.asarray(a.astype(dtype))
 
-
-def rel_error(got, want) -> float:
-    got, want = to_numpy(got).astype(np.float64), to_numpy(want).astype(np.float64)
-    if got.shape != want.shape:
-        return float("inf")
-    if got.size == 0:
-        return 0.0
-    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300))
 
 
 def verify(comm, lengths=DEFAULT_LENGTHS, dtypes=("float64", "float32", "int64"), seed=0):
@@ -121,12 +114,6 @@ def tour(comm):
                      "error": max(r["error"] for r in mine if r["dtype"] == "float64"),
                      "tolerance": TOLERANCE["float64"], "ok": all(r["ok"] for r in mine)})
     return rows
-
-
-def format_rows(rows) -> str:
-    """The check rows as a small text table (used by ``minipar run`` and the notebook)."""
-    return "\n".join(f"  {'ok  ' if r['ok'] else 'FAIL'} {r['what']:<44} max rel. error {r['error']:.1e} "
-                     f"(tolerance {r['tolerance']:.0e})" for r in rows)
 
 
 def format_walkthrough(walk) -> str:

@@ -30,6 +30,8 @@ from ..memory import zero_bytes
 from ..trace import SEND_KINDS, bytes_sent, merge
 from ..xp import to_numpy
 from ..zero import ZeRO
+from .common import format_rows
+from .common import merge_rows as summarize
 
 DIMS = (5, 7, 6, 3)  # units of 42, 48 and 21 weights
 TOL = 1e-12
@@ -296,37 +298,29 @@ def tour(comm, seed=0):
     return verify(comm, seed=seed) + _rows_memory(memory(comm, seed=seed)) + _rows_traffic(traffic(comm, seed=seed))
 
 
-def summarize(results):
-    """Rank 0's rows with each error maxed over the ranks (the rows line up by position)."""
-    rows = [dict(r) for r in results[0]]
-    for r, *others in zip(rows, *results[1:]):
-        r["error"] = max([r["error"]] + [o["error"] for o in others])
-        r["ok"] = all([r["ok"]] + [o["ok"] for o in others])
-    return rows
-
-
-def format_rows(rows) -> str:
-    """The check rows as a small text table (``minipar run data_parallel`` and the notebook)."""
-    return "\n".join(f"  {'ok  ' if r['ok'] else 'FAIL'} {r['what']:<72} error {r['error']:.1e} "
-                     f"(tolerance {r['tolerance']:.0e})" for r in rows)
-
-
 def add_run_command(run_subparsers):
-    """``minipar run data_parallel -n 4 [--backend torch]``."""
-    import argparse
+    """``minipar run -n 4 data_parallel [--backend torch]``."""
+    from ..cli import lesson_run_parser
 
-    r = run_subparsers.add_parser("data_parallel", help="DP, DDP (buckets, overlap), ZeRO-1/2/3 vs one process",
-                                  epilog="example:\n  minipar run data_parallel -n 3 --backend torch",
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("-n", type=int, default=4, help="ranks (default 4)")
-    r.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
+    r = lesson_run_parser(run_subparsers, "data_parallel", "DP, DDP (buckets, overlap), ZeRO-1/2/3 vs one process",
+                          "minipar run -n 3 data_parallel --backend torch")
     r.set_defaults(func=run_command)
 
 
 def run_command(args):
     from ..launcher import launch
 
+    from ..trace import write_chrome_trace
+
     print(f"DP, DDP and ZeRO on {args.n} ranks ({args.backend}) against one process ...")
-    rows = summarize(launch(args.n, "minipar.lessons.data_parallel:tour", backend=args.backend, quiet=True).results)
+    out = launch(args.n, "minipar.lessons.data_parallel:tour", backend=args.backend, trace=bool(args.trace), quiet=True)
+    rows = summarize(out.results)
     print(format_rows(rows))
+    if args.trace:
+        print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events)")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0 if all(r["ok"] for r in rows) else 1

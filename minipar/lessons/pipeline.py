@@ -20,16 +20,10 @@ from ..pipeline.execute import (build_stages, measured_bubble, measured_costs, r
                                 run_schedule)
 from ..trace import merge
 from ..xp import to_numpy
+from .common import rel_error
 
 TOLERANCE = 1e-12
 KINDS = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
-
-
-def rel_error(got, want) -> float:
-    got, want = np.asarray(to_numpy(got), np.float64), np.asarray(to_numpy(want), np.float64)
-    if got.shape != want.shape:
-        return float("inf")
-    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-300))
 
 
 def fitting_schedules(p: int, m: int, v: int = 2, kinds=KINDS):

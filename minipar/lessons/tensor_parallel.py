@@ -25,7 +25,8 @@ from .. import nn
 from .. import tensor_parallel as tp
 from ..trace import bytes_sent, count
 from ..xp import chunk_bounds, to_numpy
-from .collectives import rel_error
+from .common import format_rows, rel_error
+from .common import merge_rows as summarize
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 SIZES = dict(B=2, T=24, d_model=48, n_heads=24, d_hidden=96)  # divisible by p = 1, 2, 3, 4, 6, 8, 12, 24
@@ -275,32 +276,13 @@ def against_torch_tp(comm, seed=0, tokens=6, d_model=16, d_hidden=64):
 # --------------------------------------------------------------------------- command line
 
 
-def summarize(results):
-    """Rank 0's rows with each error maxed over the ranks (the rows line up by position)."""
-    rows = [dict(r) for r in results[0]]
-    for r, *others in zip(rows, *results[1:]):
-        r["error"] = max([r["error"]] + [o["error"] for o in others])
-        r["ok"] = all([r["ok"]] + [o["ok"] for o in others])
-    return rows
-
-
-def format_rows(rows, prefix="") -> str:
-    """The check rows (those whose "what" starts with ``prefix``) as a small text table."""
-    return "\n".join(f"  {'ok  ' if r['ok'] else 'FAIL'} {r['what']:<72} error {r['error']:.1e} (tolerance {r['tolerance']:.0e})"
-                     for r in rows if r["what"].startswith(prefix))
-
-
 def add_run_command(run_subparsers):
     """``minipar run tensor_parallel -n 4 [--backend torch] [--dtype float32] [--trace FILE]``."""
-    import argparse
+    from ..cli import lesson_run_parser
 
-    r = run_subparsers.add_parser("tensor_parallel", help="column/row splits, Megatron MLP and attention, SP, SUMMA vs dense",
-                                  epilog="example:\n  minipar run tensor_parallel -n 4 --backend torch --dtype float32",
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("-n", type=int, default=4, help="ranks (default 4)")
-    r.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
+    r = lesson_run_parser(run_subparsers, "tensor_parallel", "column/row splits, Megatron MLP and attention, SP, SUMMA vs dense",
+                          "minipar run -n 4 tensor_parallel --backend torch --dtype float32")
     r.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    r.add_argument("--trace", metavar="FILE", help="write a Chrome trace (open in https://ui.perfetto.dev)")
     r.set_defaults(func=run_command)
 
 
@@ -315,4 +297,9 @@ def run_command(args):
     print(format_rows(rows))
     if args.trace:
         print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events)")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
     return 0 if all(r["ok"] for r in rows) else 1
