@@ -13,14 +13,17 @@ def minipar(*args, timeout=300):
 def test_help_lists_the_verbs():
     out = minipar("--help")
     assert out.returncode == 0
-    for verb in ("tour", "lessons", "run", "check", "bench", "figures"):
+    for verb in ("tour", "lessons", "run", "check", "bench", "figures", "schedule", "memory"):
         assert verb in out.stdout
 
 
-@pytest.mark.parametrize("verb", [["tour"], ["run"], ["check"], ["bench"], ["figures"], ["bench", "collectives"], ["run", "collectives"]])
+@pytest.mark.parametrize("verb", [["tour"], ["run"], ["check"], ["bench"], ["figures"], ["lessons"], ["schedule"], ["memory"],
+                                  ["bench", "collectives"], ["bench", "tp"], ["run", "collectives"], ["run", "pipeline"],
+                                  ["run", "tensor_parallel"], ["run", "data_parallel"]])
 def test_every_verb_has_help_with_an_example(verb):
     out = minipar(*verb, "--help")
-    assert out.returncode == 0 and "example:" in out.stdout
+    assert out.returncode == 0 and "example" in out.stdout.lower()
+    assert "\n  minipar " in out.stdout or "\n  mpiexec " in out.stdout  # an example command line
 
 
 def test_lessons():

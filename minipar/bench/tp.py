@@ -1,6 +1,6 @@
 """Benchmark: when does tensor parallelism make a Megatron MLP faster?
 
-    minipar bench tp                                  # TP = 1, 2, 4 x hidden 64 ... 4096, 256 tokens
+    minipar bench tp                                  # TP = 1, 2, 4 x hidden 16 ... 4096, 256 tokens
     minipar bench tp -n 1 2 --sizes 512 2048 --json tp.json
     minipar bench tp --tokens 1 --forward-only        # single-token inference
 
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-DEFAULT_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
+DEFAULT_SIZES = (16, 64, 128, 256, 512, 1024, 2048, 4096)  # 16: below the crossover
 DEFAULT_P = (1, 2, 4)
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
@@ -124,7 +124,7 @@ def add_bench_command(bench_subparsers):
     b.add_argument("-n", type=int, nargs="+", default=list(DEFAULT_P), metavar="P",
                    help="tensor-parallel sizes to launch (default 1 2 4; 1 is always added: the baseline)")
     b.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="HIDDEN",
-                   help="hidden sizes d (the MLP is d -> 4d -> d; default 64 ... 4096)")
+                   help="hidden sizes d (the MLP is d -> 4d -> d; default 16 ... 4096)")
     b.add_argument("--tokens", type=int, default=256, help="batch x sequence rows per step (default 256)")
     b.add_argument("--reps", type=int, default=5, help="measured steps per size (the fastest counts; default 5)")
     b.add_argument("--rounds", type=int, default=1, help="repeat the sweep over p, keep the fastest round (default 1)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-QUICK_SIZES = (64, 256, 1024)
+QUICK_SIZES = (16, 256, 1024)
 
 
 def _modes(records):
