@@ -277,7 +277,7 @@ def against_torch_tp(comm, seed=0, tokens=6, d_model=16, d_hidden=64):
 
 
 def add_run_command(run_subparsers):
-    """``minipar run tensor_parallel -n 4 [--backend torch] [--dtype float32] [--trace FILE]``."""
+    """``minipar run -n 4 tensor_parallel [--backend torch] [--dtype float32] [--trace FILE]``."""
     from ..cli import lesson_run_parser
 
     r = lesson_run_parser(run_subparsers, "tensor_parallel", "column/row splits, Megatron MLP and attention, SP, SUMMA vs dense",
