@@ -33,7 +33,7 @@ def test_run_pipeline_writes_json_and_trace(tmp_path):
     assert (out["schedule"], out["stages"], out["microbatches"]) == ("zb-h1", 2, 4)
     assert out["max_grad_error"] <= 1e-12
     assert out["theory_bubble_fraction"] == pytest.approx(1 / 13)
-    for k in ("measured_bubble_fraction", "simulated_bubble_fraction"):
+    for k in ("measured_bubble_fraction", "simulated_bubble_fraction", "replayed_bubble_fraction"):
         assert 0.0 <= out[k] < 1.0
     names = {e["name"] for e in json.loads(tr.read_text())["traceEvents"] if e.get("cat") == "compute"}
     assert {"0F0", "1I3", "0W3"} <= names

@@ -257,3 +257,21 @@ def test_plots_write_files(tmp_path):
              plot.plot_inflight_memory(tmp_path / "c.png", p=3, m=4), tmp_path / "t.png"]
     for path in paths:
         assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulate_replays_given_durations():
+    """durations= overrides the cost of exactly the actions it names (the replay of a real run)."""
+    from fractions import Fraction
+
+    from minipar.pipeline import Action, one_f_one_b, simulate
+
+    sched = one_f_one_b(3, 4)
+    base = simulate(sched, {"F": 1, "B": 2})
+    same = simulate(sched, {"F": 1, "B": 2}, durations={a: (1 if a.kind == "F" else 2) for ops in sched.actions for a in ops})
+    assert same.makespan == base.makespan and same.bubble_fraction == base.bubble_fraction
+    slow = simulate(sched, {"F": 1, "B": 2}, durations={Action(0, "F", 0): 3})
+    assert slow.makespan == base.makespan + 2  # the first forward is on every path: all of it shows
+    ev = {e.action: e for e in slow.events}
+    assert ev[Action(0, "F", 0)].end - ev[Action(0, "F", 0)].start == 3
+    assert ev[Action(1, "F", 0)].start == 3
+    assert slow.bubble_fraction != base.bubble_fraction and isinstance(slow.bubble_fraction, Fraction)

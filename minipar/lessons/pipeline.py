@@ -16,8 +16,8 @@ import numpy as np
 
 from ..pipeline import make_schedule, simulate, theory_bubble_fraction
 from ..pipeline import asynchronous as A
-from ..pipeline.execute import (build_stages, measured_bubble, measured_costs, reference_step,
-                                run_schedule)
+from ..pipeline.execute import (build_stages, measured_bubble, measured_costs, measured_durations,
+                                reference_step, run_schedule)
 from ..trace import merge
 from ..xp import to_numpy
 from .common import rel_error
@@ -129,7 +129,8 @@ def profile(comm, schedule="1f1b", m=8, v=2, layers=None, width=256, b=64, seed=
 
     Runs the step ``repeats`` times (traced; the earlier ones warm up), keeps the last.
     ``layers`` defaults to 2 per stage. Returns on every rank {"schedule", "stages",
-    "microbatches", "chunks", "measured_bubble_fraction", "simulated_bubble_fraction",
+    "microbatches", "chunks", "measured_bubble_fraction", "simulated_bubble_fraction" (mean
+    cost per action kind), "replayed_bubble_fraction" (every action's own measured duration),
     "theory_bubble_fraction", "max_grad_error" (relative, vs the dense float64 model, max over
     ranks), "costs" (seconds), "events" (the merged trace, on rank 0 with events=True)}.
     """
@@ -150,9 +151,11 @@ def profile(comm, schedule="1f1b", m=8, v=2, layers=None, width=256, b=64, seed=
     gerr = max(comm.builtin.allgather_object(gerr))
     costs = measured_costs(evs, sched)
     sim = simulate(sched, costs)
+    replay = simulate(sched, costs, durations=measured_durations(evs))
     return {"schedule": sched.name, "stages": sched.stages, "microbatches": sched.microbatches,
             "chunks": sched.chunks, "measured_bubble_fraction": measured_bubble(evs, sched.stages),
             "simulated_bubble_fraction": float(sim.bubble_fraction),
+            "replayed_bubble_fraction": float(replay.bubble_fraction),
             "theory_bubble_fraction": float(theory_bubble_fraction(sched.name, sched.stages, sched.microbatches, sched.chunks)),
             "max_grad_error": gerr,
             "costs": {k: float(getattr(costs, k)) for k in ("F", "B", "I", "W", "p2p")},

@@ -44,7 +44,7 @@ from .schedules import Action, Schedule, inflight_profile, validate
 from .simulate import Costs, Event as SimEvent, SimResult
 
 __all__ = ["build_stages", "run_schedule", "reference_step", "measured_bubble", "act_tag", "grad_tag",
-           "action_events", "measured_costs", "trace_timeline"]
+           "action_events", "measured_costs", "measured_durations", "trace_timeline"]
 
 
 def act_tag(stage: int, microbatch: int, m: int) -> int:
@@ -239,6 +239,11 @@ def measured_costs(events, schedule: Schedule) -> Costs:
     if "B" in mean:
         return Costs(F=mean["F"], B=mean["B"], p2p=max(p2p, 0.0))
     return Costs(F=mean["F"], I=mean["I"], W=mean["W"], p2p=max(p2p, 0.0))
+
+
+def measured_durations(events) -> dict:
+    """{Action: seconds} of every action in a traced run (for ``simulate(..., durations=)``)."""
+    return {a: e.t_end - e.t_start for a, e in action_events(events)}
 
 
 def trace_timeline(events, schedule: Schedule, unit: float = 1e-3) -> SimResult:

@@ -82,8 +82,13 @@ class SimResult:
         return [e for e in self.events if e.rank == rank]
 
 
-def simulate(schedule: Schedule, costs=None, check: bool = True) -> SimResult:
-    """Time every action of ``schedule`` (validated first unless ``check=False``)."""
+def simulate(schedule: Schedule, costs=None, check: bool = True, durations=None) -> SimResult:
+    """Time every action of ``schedule`` (validated first unless ``check=False``).
+
+    ``durations`` ({Action: time}) overrides the per-kind cost of the actions it names: with
+    every action's duration measured on real ranks, the simulation *replays* that run, and
+    what remains between replay and measurement is time the model does not know about.
+    """
     if check:
         validate(schedule)
     c = Costs.coerce(costs)
@@ -112,7 +117,7 @@ def simulate(schedule: Schedule, costs=None, check: bool = True) -> SimResult:
                 if any(t is None for t in ready):
                     break
                 start = max([free[r], *ready])
-                free[r] = end[a] = start + duration[a.kind]
+                free[r] = end[a] = start + (durations[a] if durations and a in durations else duration[a.kind])
                 events.append(Event(r, a, start, end[a]))
                 pos[r] += 1
                 progress = True
