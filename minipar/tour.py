@@ -51,11 +51,13 @@ def main(args) -> int:
             table.append((ls.key + " " + ls.name if j == 0 else "", r, took if j == 0 else None))
         ok &= all(r["ok"] for r in rows)
     print()
-    print(f"{'lesson':<22}{'what ran':<50}{'check (max rel. error)':<30}{'time':>7}")
-    print("-" * 109)
+    w = min(max(len(r["what"]) for _, r, _ in table) + 2, 78)
+    print(f"{'lesson':<20}{'what ran':<{w}}{'check (max rel. error)':<28}{'time':>7}")
+    print("-" * (20 + w + 35))
     for name, r, took in table:
         check = f"{'ok  ' if r['ok'] else 'FAIL'} {r['error']:.1e} <= {r['tolerance']:.0e}"
-        print(f"{name:<22}{r['what'][:48]:<50}{check:<30}{'' if took is None else f'{took:6.1f}s':>7}")
+        what = r["what"] if len(r["what"]) < w else r["what"][: w - 4] + "..."
+        print(f"{name:<20}{what:<{w}}{check:<28}{'' if took is None else f'{took:6.1f}s':>7}")
     print()
     print("figures:")
     for p in figures:

@@ -1,4 +1,4 @@
-"""The tour and the figure generators run and write non-empty images (pixels are not compared)."""
+"""The tour runs every lesson and draws every figure; `minipar figures` works (pixels are not compared)."""
 import pathlib
 import subprocess
 import sys
@@ -7,38 +7,49 @@ import pytest
 
 from minipar.course import LESSONS
 
+from .conftest import has_torch
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.mpi
-@pytest.mark.timeout(300)
-def test_tour_first_lesson(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "minipar", "tour", "--only", "01", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=280, cwd=ROOT)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "all checks passed" in out.stdout and "FAIL" not in out.stdout
-    assert "[1/1] 01 collectives" in out.stdout  # progress is shown
-    for name in LESSONS[0].figures:
-        assert (tmp_path / name).stat().st_size > 10_000
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda ls: ls.name)
-def test_figure_generators_write_images(lesson, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "minipar", "figures", "--only", lesson.key, "--quick", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=580, cwd=ROOT)
-    assert out.returncode == 0, out.stdout + out.stderr
-    for name in lesson.figures:
-        path = tmp_path / name
+def assert_images(folder, names):
+    for name in names:
+        path = folder / name
         assert path.stat().st_size > 10_000, f"{name} missing or empty"
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("backend", ["mpi", "torch"])
+def test_tour_runs_every_lesson_and_draws_its_figures(backend, tmp_path):
+    if backend == "torch" and not has_torch():
+        pytest.skip("torch not installed")
+    out = subprocess.run([sys.executable, "-m", "minipar", "tour", "--backend", backend, "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=380, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks passed" in out.stdout and "FAIL" not in out.stdout
+    for i, ls in enumerate(LESSONS, 1):
+        assert f"[{i}/{len(LESSONS)}] {ls.key} {ls.name}" in out.stdout  # progress is shown
+        assert_images(tmp_path, ls.figures)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_figures_command(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "minipar", "figures", "--only", "01", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert_images(tmp_path, LESSONS[0].figures)
+    assert "wrote" in out.stdout
+
+
 def test_every_lesson_has_its_pieces():
+    readme = (ROOT / "figures" / "README.md").read_text()
     for ls in LESSONS:
         assert (ROOT / ls.lab / "README.md").exists() and (ROOT / ls.lab / "exercise.py").exists(), ls.lab
+        assert list((ROOT / ls.lab / "mutants").glob("*.py")), f"{ls.lab} has no mutants"
         assert (ROOT / ls.notebook).exists(), ls.notebook
         for name in ls.figures:
             assert (ROOT / "figures" / name).exists(), f"figures/{name} is not committed"
-        assert name in (ROOT / "figures" / "README.md").read_text()
+            assert name in readme, f"figures/README.md does not list {name}"
