@@ -132,24 +132,11 @@ def cmd_lessons(args):
 
 
 def cmd_run_collectives(args):
-    from .launcher import launch
-    from .trace import write_chrome_trace
+    from .lessons.collectives import summarize
+    from .lessons.common import run_and_report
 
-    print(f"running every collective on {args.n} ranks ({args.backend}) against the builtin ...")
-    out = launch(args.n, "minipar.lessons.collectives:verify", backend=args.backend, trace=bool(args.trace), quiet=True)
-    from .lessons.collectives import format_rows, summarize
-
-    rows = summarize(out.results)
-    print(format_rows(rows))
-    if args.trace:
-        print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events; open in https://ui.perfetto.dev)")
-    if args.json:
-        import json
-
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0 if all(r["ok"] for r in rows) else 1
+    return run_and_report(args, "every collective against the builtin", "minipar.lessons.collectives:verify",
+                          summarize=summarize)
 
 
 def main(argv=None) -> int:

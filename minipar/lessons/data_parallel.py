@@ -30,7 +30,7 @@ from ..memory import zero_bytes
 from ..trace import SEND_KINDS, bytes_sent, merge
 from ..xp import to_numpy
 from ..zero import ZeRO
-from .common import format_rows
+from .common import format_rows, run_and_report
 from .common import merge_rows as summarize
 
 DIMS = (5, 7, 6, 3)  # units of 42, 48 and 21 weights
@@ -308,19 +308,4 @@ def add_run_command(run_subparsers):
 
 
 def run_command(args):
-    from ..launcher import launch
-
-    from ..trace import write_chrome_trace
-
-    print(f"DP, DDP and ZeRO on {args.n} ranks ({args.backend}) against one process ...")
-    out = launch(args.n, "minipar.lessons.data_parallel:tour", backend=args.backend, trace=bool(args.trace), quiet=True)
-    rows = summarize(out.results)
-    print(format_rows(rows))
-    if args.trace:
-        print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events)")
-    if args.json:
-        import json
-
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0 if all(r["ok"] for r in rows) else 1
+    return run_and_report(args, "DP, DDP and ZeRO against one process", "minipar.lessons.data_parallel:tour")

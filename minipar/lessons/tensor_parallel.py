@@ -25,7 +25,7 @@ from .. import nn
 from .. import tensor_parallel as tp
 from ..trace import bytes_sent, count
 from ..xp import chunk_bounds, to_numpy
-from .common import format_rows, rel_error
+from .common import format_rows, rel_error, run_and_report
 from .common import merge_rows as summarize
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -287,19 +287,5 @@ def add_run_command(run_subparsers):
 
 
 def run_command(args):
-    from ..launcher import launch
-    from ..trace import write_chrome_trace
-
-    print(f"tensor parallelism on {args.n} ranks ({args.backend}, {args.dtype}) against the dense model ...")
-    out = launch(args.n, "minipar.lessons.tensor_parallel:verify", backend=args.backend, trace=bool(args.trace),
-                 quiet=True, dtypes=(args.dtype,))
-    rows = summarize(out.results)
-    print(format_rows(rows))
-    if args.trace:
-        print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events)")
-    if args.json:
-        import json
-
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0 if all(r["ok"] for r in rows) else 1
+    return run_and_report(args, f"tensor parallelism ({args.dtype}) against the dense model",
+                          "minipar.lessons.tensor_parallel:verify", dtypes=(args.dtype,))
