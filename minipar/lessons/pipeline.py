@@ -97,6 +97,21 @@ def tour(comm, **kw):
     return check_schedules(comm, m=kw.pop("m", 4), **kw) + check_async(comm)
 
 
+def traced_runs(comm, sched, layers, width, b, seed, repeats):
+    """Run one step ``repeats`` times with tracing on (the earlier runs warm up); returns the
+    last run's ``run_one`` result and its merged trace."""
+    was = comm.tracer.enabled
+    comm.tracer.enabled = True
+    try:
+        for _ in range(repeats):
+            comm.builtin.barrier()
+            comm.tracer.clear()
+            last = run_one(comm, sched, layers, width, b, seed)
+        return last, merge(comm)
+    finally:
+        comm.tracer.enabled = was
+
+
 def measure(comm, schedule="1f1b", m=8, v=2, layers=8, width=128, b=64, seed=0, repeats=2):
     """Measured bubble (from the merged trace's compute events) vs simulated (F=1, B=2).
 
@@ -107,16 +122,7 @@ def measure(comm, schedule="1f1b", m=8, v=2, layers=8, width=128, b=64, seed=0, 
     b=256, against 0.11): pass bigger ``width`` / ``b`` to get closer.
     """
     sched = make_schedule(schedule, comm.size, m, v)
-    was = comm.tracer.enabled
-    comm.tracer.enabled = True
-    try:
-        for _ in range(repeats):
-            comm.builtin.barrier()
-            comm.tracer.clear()
-            run_one(comm, sched, layers, width, b, seed)
-        events = merge(comm)
-    finally:
-        comm.tracer.enabled = was
+    _, events = traced_runs(comm, sched, layers, width, b, seed, repeats)
     sim = simulate(sched, {"F": 1, "B": 2})
     return {"schedule": sched.name, "p": sched.stages, "m": sched.microbatches, "v": sched.chunks,
             "measured": measured_bubble(events, sched.stages), "simulated": float(sim.bubble_fraction)}
@@ -136,16 +142,7 @@ def profile(comm, schedule="1f1b", m=8, v=2, layers=None, width=256, b=64, seed=
     """
     sched = make_schedule(schedule, comm.size, m, v)
     layers = layers or 2 * sched.total_stages
-    was = comm.tracer.enabled
-    comm.tracer.enabled = True
-    try:
-        for _ in range(repeats):
-            comm.builtin.barrier()
-            comm.tracer.clear()
-            out, mine, ref, _ = run_one(comm, sched, layers, width, b, seed)
-        evs = merge(comm)
-    finally:
-        comm.tracer.enabled = was
+    (out, mine, ref, _), evs = traced_runs(comm, sched, layers, width, b, seed, repeats)
     gerr = max([rel_error(g, dict(ref[s].named_grads())[n]) for s, mod in mine.items()
                 for n, g in mod.named_grads()], default=0.0)
     gerr = max(comm.builtin.allgather_object(gerr))
