@@ -65,7 +65,7 @@ class Optimizer:
             self._update(i, p, g)
 
     def _update(self, i, param, grad):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def state_bytes(self):
         """Bytes of optimizer state held (what ZeRO-1 shards across ranks)."""

@@ -98,7 +98,7 @@ class Comm:
 
     def _check_array(self, x, what):
         """Backends accept their own array kind; say clearly when handed the other one."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def _blocking(self, op, peer, tag, nbytes, fn, *args):
         """Run ``fn(*args)`` as one blocking call, visible to the watchdog and the tracer."""
@@ -182,34 +182,34 @@ class Comm:
 
     # --------------------------------------------------------------- backend primitives
     def _send(self, x, dst, tag):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def _recv(self, buf, src, tag):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def _isend(self, x, dst, tag):
         """Start a send; return (wait, test) callables."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def _irecv(self, buf, src, tag):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def _sendrecv(self, x, dst, buf, src, sendtag, recvtag):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def _barrier(self):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def _split(self, color, key, name):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def empty(self, shape, dtype="float64"):
         """A new uninitialised array of this backend's kind, on its compute device."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def asarray(self, a):
         """NumPy array ``a`` as this backend's kind (same dtype), on its compute device."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
 
 def message_size_error(comm, op, peer, expected, got):

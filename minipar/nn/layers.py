@@ -51,11 +51,11 @@ class Module:
 
     def forward(self, x):
         """Returns (y, ctx)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def backward_input(self, dy, ctx):
         """Returns dx; touches no weight gradient."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
     def backward_weight(self, dy, ctx):
         """Accumulates weight gradients only; returns None.
