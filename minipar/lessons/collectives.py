@@ -126,3 +126,33 @@ def format_walkthrough(walk) -> str:
             ph, _, sent_r, got_r, buf = w["steps"][i]
             lines.append(f"  rank {r}: {buf}   (sent chunk {sent_r}, received chunk {got_r})")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Check every collective under whatever launched this process:
+
+        mpiexec -n 4 python -m mpi4py -m minipar.lessons.collectives
+        torchrun --standalone --nproc-per-node 4 -m minipar.lessons.collectives --backend torch
+    """
+    import argparse
+
+    import minipar
+
+    ap = argparse.ArgumentParser(prog="python -m minipar.lessons.collectives")
+    ap.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
+    ap.add_argument("--raise-on", type=int, help="this rank raises (to see a failing job end)")
+    args = ap.parse_args(argv)
+    comm = minipar.init(args.backend)
+    if args.raise_on == comm.rank:
+        raise RuntimeError(f"planted failure on rank {comm.rank}")
+    rows = summarize(comm.builtin.allgather_object(verify(comm, lengths=(1, 7, 64))))
+    if comm.rank == 0:
+        print(f"{comm.size} ranks ({args.backend}):")
+        print(format_rows(rows), flush=True)
+    ok = all(r["ok"] for r in rows)
+    minipar.comm.finalize()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
