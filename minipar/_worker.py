@@ -27,7 +27,20 @@ def main(spec_path: str, result_path: str):
     comm = minipar.init(spec["backend"], device=spec["device"], watchdog=spec["watchdog"],
                         trace=spec["trace"])
     fn = resolve(spec["target"])
-    result = fn(comm, **spec["kwargs"])
+    try:
+        result = fn(comm, **spec["kwargs"])
+    except BaseException:
+        # what `python -m mpi4py` does (print, then abort every rank), with a pause between so
+        # the launcher forwards the traceback before the abort tears the job down
+        import time
+        import traceback
+
+        from minipar.comm import _abort
+
+        sys.stderr.write(f"rank {comm.rank} raised:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        time.sleep(1.0)
+        _abort(1)
     comm.watchdog.finished = True
     events = merge(comm) if spec["trace"] else []
     results = comm.builtin.gather_object(result, 0)

@@ -53,3 +53,12 @@ def test_torch_tensor_on_mpi_backend_is_refused(comm):
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="use minipar.init\\(backend='torch'\\)"):
         comm.send(torch.ones(2), 0)
+
+
+def test_only_gloos_exit_abort_is_forgiven():
+    from minipar.launcher import teardown_abort_only
+
+    assert teardown_abort_only("terminate called without an active exception\nBAD TERMINATION ... signal 6")
+    assert not teardown_abort_only("Traceback (most recent call last):\nterminate called without an active exception")
+    assert not teardown_abort_only("minipar watchdog: rank 1 made no progress\nterminate called without an active exception")
+    assert not teardown_abort_only("BAD TERMINATION ... Killed (signal 9)")

@@ -138,5 +138,9 @@ def finalize():
     called without an active exception". MPI finalizes itself at exit.
     """
     if "torch.distributed" in sys.modules:
+        import gc
+
+        _WORLD.clear()
+        gc.collect()  # drop finished Work objects and their tensors before the groups go
         _destroy()
     _WORLD.clear()

@@ -130,4 +130,5 @@ class Watchdog:
         lines.append("Aborting the job. Raise the limit with --watchdog SECONDS or MINIPAR_WATCHDOG.")
         sys.stderr.write("\n".join(lines) + "\n")
         sys.stderr.flush()
+        time.sleep(1.0)  # let the launcher forward the report before the abort tears the job down
         self.abort(3)
