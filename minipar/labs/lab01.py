@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..lessons.collectives import draw
 from ..trace import bytes_sent, count
-from ..xp import chunk_bounds, to_numpy
+from ..xp import chunk_bounds
+from .checks import compare, stop, traced
 from .grader import Task
 
 KEY = "01"
@@ -31,37 +30,6 @@ TASKS = [
 ]
 
 
-def compare(comm, got, want, what, case, tol=1e-12, offset=0):
-    """Failure messages for the first differing element (empty list when equal)."""
-    if got is None:
-        return [f"rank {comm.rank} returned None for {what} ({case})"]
-    g, w = to_numpy(got), to_numpy(want)
-    if g.shape != w.shape:
-        return [f"rank {comm.rank}: {what} has shape {g.shape}, expected {w.shape} ({case})"]
-    bad = np.flatnonzero(~np.isclose(g.ravel(), w.ravel(), rtol=tol, atol=tol))
-    if bad.size == 0:
-        return []
-    i = int(bad[0])
-    at = f"element {i}" + (f" (global index {offset + i})" if offset else "")
-    return [f"rank {comm.rank}: {what}, {at}: expected {w.ravel()[i]:.6g}, got {g.ravel()[i]:.6g} ({case}; "
-            f"{bad.size} of {w.size} elements wrong)"]
-
-
-def stop(comm, fails) -> bool:
-    """True on every rank once any rank has failed: all ranks leave the loop together, so no
-    rank is left waiting in the next case's collective."""
-    return any(comm.builtin.allgather_object(bool(fails)))
-
-
-def _traced(comm, call):
-    comm.tracer.enabled = True
-    comm.tracer.clear()
-    out = call()
-    events = list(comm.tracer.events)
-    comm.tracer.enabled = False
-    return out, events
-
-
 def check_ring_pass(comm, fn):
     fails = []
     for n in (1, 5):
@@ -77,7 +45,7 @@ def check_tree_broadcast(comm, fn):
     for root in sorted({0, comm.size - 1}):
         for n in (1, 6):
             x = draw(comm, n, "float64") if comm.rank == root else comm.empty(n)
-            got, ev = _traced(comm, lambda: fn(comm, x, root))
+            got, ev = traced(comm, lambda: fn(comm, x, root))
             fails += compare(comm, got, draw(comm, n, "float64", rank=root), f"broadcast from root {root}", f"n={n}")
             sends = count(ev, kind="send") + count(ev, kind="isend") + count(ev, kind="sendrecv")
             if comm.rank == root and sends > max(1, math.ceil(math.log2(comm.size))) and comm.size > 1:
@@ -120,7 +88,7 @@ def check_all_reduce(comm, fn):
     fails = []
     for n in (12, 7, 2):
         x = draw(comm, n, "float64")
-        got, ev = _traced(comm, lambda: fn(comm, x))
+        got, ev = traced(comm, lambda: fn(comm, x))
         fails += compare(comm, got, comm.builtin.all_reduce(x), "the sum", f"n={n}")
         sent = bytes_sent(ev).get(comm.world_rank(comm.rank), 0)
         ring = 2 * (comm.size - 1) * math.ceil(n / comm.size) * 8

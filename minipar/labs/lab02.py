@@ -17,7 +17,7 @@ from ..nn.functional import gelu_forward
 from ..trace import bytes_sent, count
 from ..xp import chunk_bounds, to_numpy
 from .grader import Task
-from .lab01 import _traced, compare
+from .checks import compare, traced
 
 KEY = "02"
 TITLE = "tensor parallelism: column and row splits, f and g, Megatron MLP, heads-split attention"
@@ -70,7 +70,7 @@ def _bias_once(comm, got, want, b, what):
 
 def check_column_forward(comm, fn):
     x, w, b = draw(5, 12), draw(12, 24), draw(24)
-    got, ev = _traced(comm, lambda: fn(comm, x, w, b))
+    got, ev = traced(comm, lambda: fn(comm, x, w, b))
     want = cols(comm, x @ w + b)
     if not _close(got, want):
         for k in range(comm.size):
@@ -111,7 +111,7 @@ def check_column_backward(comm, fn):
 
 def check_row_backward(comm, fn):
     x, w, dy = draw(5, 24), draw(24, 12), draw(5, 12)
-    got, ev = _traced(comm, lambda: fn(comm, dy, x, w))
+    got, ev = traced(comm, lambda: fn(comm, dy, x, w))
     if not isinstance(got, tuple) or len(got) != 3:
         return [f"rank {comm.rank}: row_backward must return a tuple (dx_r, dw_r, db), got {type(got).__name__}"]
     dx, dw, db = got
@@ -127,7 +127,7 @@ def check_row_backward(comm, fn):
 
 def check_megatron_mlp(comm, fn):
     x, w1, b1, w2, b2 = draw(5, 12), draw(12, 48), draw(48), draw(48, 12), draw(12)
-    got, ev = _traced(comm, lambda: fn(comm, x, w1, b1, w2, b2))
+    got, ev = traced(comm, lambda: fn(comm, x, w1, b1, w2, b2))
     want = gelu_forward(x @ w1 + b1)[0] @ w2 + b2
     fails = _bias_once(comm, got, want, b2, "Y") or compare(
         comm, got, want, "Y = GeLU(x @ w1 + b1) @ w2 + b2", f"x (5, 12), hidden 48 on {comm.size} ranks")

@@ -25,6 +25,7 @@ from ..pipeline import (Schedule, ScheduleError, format_grid, gpipe, interleaved
                         one_f_one_b, simulate, validate, zero_bubble_h1)
 from ..pipeline.execute import act_tag, build_stages, grad_tag, reference_step
 from ..nn import mse_loss
+from .checks import stop
 from .grader import Task
 
 KEY = "03"
@@ -252,7 +253,7 @@ def run_with_pairing(comm, schedule, stages, microbatches, targets, pairing, los
     end, so sends never block), hand over in memory when the peer is this rank.
     Returns the full-batch loss on the last stage's rank, else None.
     """
-    m, S, me = schedule.microbatches, schedule.total_stages, comm.rank
+    m, me = schedule.microbatches, comm.rank
     scale = 1.0 / m
     ctxs, dys, local, pending, total = {}, {}, {}, [], None
     shape, dtype = tuple(microbatches[0].shape), str(microbatches[0].dtype)
@@ -329,7 +330,7 @@ def check_peer_and_tag(comm, fn):
                     out.append(f"{label}: rank {comm.rank}, stage {s} gradient {name}: relative error "
                                f"{e:.3g} vs the dense model (tolerance {TOLERANCE:g})")
                     break
-        if any(comm.builtin.allgather_object(bool(out))):   # every rank stops at the same schedule
+        if stop(comm, out):   # every rank stops at the same schedule
             break
     return out
 

@@ -18,7 +18,7 @@ from ..optim import adam_step
 from ..trace import bytes_sent, count
 from ..xp import to_numpy
 from .grader import Task
-from .lab01 import _traced, compare
+from .checks import compare, stop, traced
 
 KEY = "04"
 TITLE = "data parallelism and ZeRO: gradient averaging, buckets, sharded Adam, gather on demand"
@@ -66,11 +66,6 @@ def average_mistake(comm, got, want):
     return None
 
 
-def stop(comm, fails):
-    """True on every rank when any rank failed (checks run collectives: all ranks stop together)."""
-    return any(comm.builtin.allgather_object(bool(fails)))
-
-
 def check_list(comm, got, want, what):
     if not isinstance(got, (list, tuple)) or len(got) != len(want):
         return [f"rank {comm.rank}: {what} must return a list of {len(want)} arrays, got {type(got).__name__}"]
@@ -98,7 +93,7 @@ def check_buckets(comm, fn):
     grads = [mine(comm, s, k) for k, s in enumerate(GRAD_SHAPES)]
     want = [comm.builtin.all_reduce(g) / comm.size for g in grads]
     for cap in (100, 0, 10**6):
-        got, ev = _traced(comm, lambda: fn(comm, [g.copy() for g in grads], cap))
+        got, ev = traced(comm, lambda: fn(comm, [g.copy() for g in grads], cap))
         fails = check_list(comm, got, want, f"bucketed_average(bucket_bytes={cap})")
         expect, n = buckets_of(grads, cap), count(ev, kind="collective", name="all_reduce")
         if not fails and n != len(expect):
@@ -119,7 +114,7 @@ def check_zero1(comm, fn):
         ref, ref_m, ref_v = param.copy(), np.zeros(n), np.zeros(n)
         for step in (1, 2):
             g = same(n, 10 + step)  # the averaged gradient: the same on every rank
-            got, ev = _traced(comm, lambda: fn(comm, param.copy(), g.copy(), m, v, step, LR))
+            got, ev = traced(comm, lambda: fn(comm, param.copy(), g.copy(), m, v, step, LR))
             adam_step(ref, g, ref_m, ref_v, step, LR)
             case = f"n={n} on {p} ranks, step {step}; padded to {n_pad}, shard of rank k = [k*{S}, (k+1)*{S})"
             if got is not None and np.shape(got) == (n_pad,) and n_pad != n:
@@ -153,7 +148,7 @@ def check_zero2(comm, fn):
         S = n_pad // p
         grad = mine(comm, n, 2)
         want = padded(comm.builtin.all_reduce(grad), p)[r * S:(r + 1) * S] / p
-        got, ev = _traced(comm, lambda: fn(comm, grad.copy()))
+        got, ev = traced(comm, lambda: fn(comm, grad.copy()))
         case = f"n={n} on {p} ranks; padded to {n_pad}, rank {r}'s shard = [{r * S}, {(r + 1) * S})"
         hint = average_mistake(comm, got, want)
         fails = [hint] if hint else compare(comm, got, want, "this rank's shard of the averaged gradient", case, offset=r * S)
@@ -197,7 +192,7 @@ def check_zero3(comm, fn):
     want = x
     for w in W:
         want = np.tanh(want @ w)
-    got, ev = _traced(comm, lambda: fn(comm, [s.copy() for s in shards], shapes, x.copy(), layer))
+    got, ev = traced(comm, lambda: fn(comm, [s.copy() for s in shards], shapes, x.copy(), layer))
     if fails:
         return fails[:1]
     if calls != [0, 1, 2]:
