@@ -16,7 +16,6 @@ from ..pipeline import plot as P
 def make(outdir, quick=False, backend="mpi", device=None):
     from ..launcher import launch
     from ..pipeline import Costs, make_schedule, simulate
-    from ..pipeline.cli import one_blas_thread
     from ..pipeline.execute import trace_timeline
 
     os.makedirs(outdir, exist_ok=True)
@@ -24,7 +23,6 @@ def make(outdir, quick=False, backend="mpi", device=None):
         P.plot_schedules(os.path.join(outdir, "pipeline_schedules.png"), p=4, m=8, v=2),
         P.plot_inflight_memory(os.path.join(outdir, "pipeline_memory.png"), p=4, m=8),
     ]
-    one_blas_thread()
     kw = dict(ms=(2, 8), width=256, b=32, repeats=2, steps=40) if quick else \
         dict(ms=(1, 2, 4, 8, 16), width=512, b=128, repeats=3, steps=150)
     data = launch(4, "minipar.lessons.pipeline:figure_runs", backend=backend, device=device,

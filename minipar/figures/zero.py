@@ -8,8 +8,8 @@
     dp_vs_ddp.png              rank 0 against the other ranks: bytes moved and compute time per step
 
 The measured numbers are also written to ``zero_numbers.json`` beside the figures (the source of
-docs/benchmarks_zero.md). Timings need one BLAS thread per rank: OMP_NUM_THREADS=1 is set for
-the ranks unless already set.
+docs/benchmarks_zero.md). Timings need one BLAS thread per rank: ``minipar.launch`` gives every
+rank one unless the environment says otherwise.
 """
 from __future__ import annotations
 
@@ -151,7 +151,6 @@ def plot_dp_vs_ddp(res, path):
 
 def measure(quick=False, overlap_backend=None):
     """Every measurement behind the figures, as one JSON-able dict (events kept for the timeline)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     lesson = "minipar.lessons.data_parallel"
     try:
         import torch  # noqa: F401

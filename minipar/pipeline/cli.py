@@ -131,19 +131,10 @@ def add_run_command(run_subparsers):
     return r
 
 
-def one_blas_thread():
-    """Ranks share the cores: one BLAS/OpenMP thread each (inherited by the launched ranks)."""
-    import os
-
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
-
-
 def run_pipeline(args) -> int:
     from ..launcher import launch
     from ..trace import write_chrome_trace
 
-    one_blas_thread()
     try:
         make_schedule(args.schedule, args.n, args.microbatches, args.chunks)
     except ValueError as err:
