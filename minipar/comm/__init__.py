@@ -137,10 +137,9 @@ def finalize():
     still hold tensors when Python is being torn down, and the process aborts with "terminate
     called without an active exception". MPI finalizes itself at exit.
     """
+    _WORLD.clear()
     if "torch.distributed" in sys.modules:
         import gc
 
-        _WORLD.clear()
         gc.collect()  # drop finished Work objects and their tensors before the groups go
         _destroy()
-    _WORLD.clear()
