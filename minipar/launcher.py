@@ -38,7 +38,8 @@ class LaunchError(RuntimeError):
 
     ``.line`` is one line saying what went wrong, to print as is: ``rank 3: error: ...`` when a
     rank raised a ``UsageError`` (then ``.usage`` is True and the message is that line alone),
-    else the watchdog's verdict, the last line of a rank's traceback, or the exit code.
+    else the watchdog's verdict, ``rank 2 raised KeyError: ...``, the hard time limit, or the
+    exit code.
     """
 
     def __init__(self, message, output="", returncode=None, line=None, usage=False):
