@@ -198,7 +198,7 @@ def make(outdir, quick=False, backend="mpi", device=None, bench=None):
     os.makedirs(outdir, exist_ok=True)
     kw = dict(steps=3, grids=[g for g in GRIDS8 if g[:3] == (2, 2, 2)], data="random") if quick \
         else dict(steps=8, checkpoint=tempfile.mkdtemp(prefix="minipar-ckpt-"))
-    progress(f"every {'' if not quick else 'quick '}8-rank grid against one process on {N} ranks")
+    progress(f"{'dp2 pp2 tp2, 3 steps' if quick else 'every 8-rank grid'} against one process on {N} ranks")
     rows, data = summarize(launch(N, "minipar.lessons.train_runs:lesson", backend=backend, device=device, quiet=True,
                                   job_timeout=3600.0, **kw).results)
     bad = [r for r in rows if not r["ok"]]

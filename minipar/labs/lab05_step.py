@@ -43,7 +43,8 @@ class Step:
     """One step of minipar's GPT on a grid, ready for the learner's ``train_step``: the trainer
     (grid, stages, schedule), ``pipeline(after_action=None)`` (lesson 03's executor over grid.pp,
     every micro-batch; the bytes it sends are noted), the gradients with the previous step's
-    values still in them, the tied one, and the one-process reference."""
+    values still in them, the tied one, and what they must become: the one-process gradients of
+    the global batch, sliced to this rank's shards."""
 
     def __init__(self, comm, dp, pp, tp, schedule, m, batch=8):
         from ..pipeline.execute import run_schedule
@@ -53,7 +54,7 @@ class Step:
 
         cfg = TrainConfig(GPTConfig(**MODEL), dp=dp, pp=pp, tp=tp, schedule=schedule, microbatches=m, batch=batch,
                           steps=1)
-        self.cfg, self.comm = cfg, comm
+        self.cfg = cfg
         self.tr = tr = Trainer(comm, cfg)
         self.label = f"dp{dp} pp{pp} tp{tp} ({schedule}, m={m})"
         xs, ys = tr.microbatches(0)
@@ -72,11 +73,11 @@ class Step:
         dense = GPT(cfg.model, cfg.seed)
         ids = make_data(cfg).batch(0, cfg.batch, cfg.model.seq_len)
         logits, ctx = dense.forward(ids[:, :-1])
-        self.loss, dlogits = cross_entropy(logits, ids[:, 1:])
+        _, dlogits = cross_entropy(logits, ids[:, 1:])
         dense.backward(dlogits, ctx)
         full = dict(dense.named_grads())
         full["head.wte"] = full["embed.wte"]
-        d, p, t = tr.grid.coords
+        t = tr.grid.coords[2]
         self.named = []  # (stage, name, gradient array, want, stale)
         for s, st in tr.stages.items():
             want = local_shards(st, full)
