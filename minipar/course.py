@@ -65,8 +65,11 @@ LESSONS = [
            grader="minipar.labs.lab04", solution="minipar.labs.lab04_solution"),
     Lesson("05", "train", "3D parallelism: a small GPT trained on every DP x PP x TP grid with one process's losses",
            "minipar.lessons.train:tour", "minipar.figures.train",
-           None, None,  # lab labs/05_3d, notebook notebooks/05_3d_parallelism.ipynb: to come
-           (), packages=("minipar.train",), run="train"),
+           "labs/05_3d", "notebooks/05_3d_parallelism.ipynb",
+           ("train_loss_curves.png", "train_activation_memory.png", "train_3d_step_timeline.png",
+            "train_tokens_per_s.png"),
+           packages=("minipar.train",), run="train",
+           grader="minipar.labs.lab05", solution="minipar.labs.lab05_solution"),
     Lesson("06", "sequence_experts", "Long sequences and many experts: ring attention, Ulysses, MoE with all-to-all dispatch",
            "minipar.lessons.sequence_experts:tour", "minipar.figures.sequence_experts",
            "labs/06_sequence_experts", "notebooks/06_sequence_experts.ipynb",
