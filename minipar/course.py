@@ -78,7 +78,7 @@ LESSONS = [
     Lesson("07", "planning", "Which strategy when: minipar plan, its memory and time model, a link you can feel",
            "minipar.lessons.planning:tour", "minipar.figures.plan",
            "labs/07_planning", "notebooks/07_which_strategy.ipynb",
-           ("plan_heatmap.png", "plan_memory.png"),
+           ("plan_heatmap.png", "plan_memory.png", "plan_here.png"),
            packages=("minipar.plan",), run="planning"),
     Lesson("08", "auto_parallel", "Automatic parallelization: placements, redistribute, FlexFlow's simulator and MCMC search",
            "minipar.lessons.auto_parallel:tour", "minipar.figures.auto_parallel",
