@@ -129,7 +129,7 @@ class Engine:
         self.dtype = working_dtype(self.like, mixed)
         self.b_work = itemsize(zeros((1,), like=self.like, dtype=self.dtype))  # bytes per working param
         self.adam = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, mixed=mixed, offload=offload)
-        self.ledger = Ledger()
+        self.ledger = Ledger(comm.tracer.buffers)  # tracks the engine's arrays; names its buffers
         self.psi = model.num_params()
 
     def optimizer(self, param, init):
@@ -161,6 +161,7 @@ class Engine:
             with self.comm.region(f"forward {name}"):
                 x, ctx = layer.forward(x)
             ctxs[name] = self.after_forward(name, ctx)
+            del ctx  # the ctx as the layer made it keeps what after_forward dropped (ZeRO-3's weights)
             self.progress()
         return x, ctxs
 
@@ -172,6 +173,7 @@ class Engine:
             self.progress()
             with self.comm.region(f"backward_weight {name}"):
                 layer.backward_weight(dy, ctx)
+            del ctx  # before after_backward frees what it holds (ZeRO-3's gathered weights)
             self.after_backward(name)
             self.progress()
             dy = dx
