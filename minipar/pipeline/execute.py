@@ -238,7 +238,7 @@ def buffers_in_flight(schedule: Schedule, rank: int, pairing=peer_and_tag) -> di
                           send may complete sooner, so fewer may be held.
 
     Counts are taken where the executor allocates each buffer (the peak of that kind)."""
-    S, ops = schedule.total_stages, schedule.actions
+    ops = schedule.actions
     where, hist = {}, []  # (sender, tag) -> (receiver, position of its action); rank's knowledge per action
     for q, acts in enumerate(ops):
         for k, a in enumerate(acts):
