@@ -1,7 +1,8 @@
 """What each rank runs under :func:`minipar.launch` (``python -m mpi4py -m minipar._worker SPEC OUT``).
 
 Reads the pickled spec, creates the communicator, calls ``target(comm, **kwargs)``, gathers
-every rank's return value (and merged trace) on rank 0, which writes them to OUT.
+every rank's return value (and merged trace) on rank 0, which writes them to OUT. A rank that
+raises ends the job through the exception hook ``minipar.init`` installs.
 """
 from __future__ import annotations
 
@@ -26,21 +27,9 @@ def main(spec_path: str, result_path: str):
 
     comm = minipar.init(spec["backend"], device=spec["device"], watchdog=spec["watchdog"],
                         trace=spec["trace"])
-    fn = resolve(spec["target"])
-    try:
-        result = fn(comm, **spec["kwargs"])
-    except BaseException:
-        # what `python -m mpi4py` does (print, then abort every rank), with a pause between so
-        # the launcher forwards the traceback before the abort tears the job down
-        import time
-        import traceback
-
-        from minipar.comm import _abort
-
-        sys.stderr.write(f"rank {comm.rank} raised:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        time.sleep(1.0)
-        _abort(1)
+    # an exception from here on reaches the hook minipar.init installed: one line for a
+    # UsageError, the traceback once for anything else, then the whole job ends
+    result = resolve(spec["target"])(comm, **spec["kwargs"])
     comm.watchdog.finished = True
     events = merge(comm) if spec["trace"] else []
     results = comm.builtin.gather_object(result, 0)

@@ -12,13 +12,16 @@ module-level function; it is called as ``target(comm, **kwargs)`` on every rank,
 return value must be picklable.
 
 If any rank raises, the job ends within seconds and :class:`LaunchError` carries that rank's
-traceback. If ranks block (a deadlock, a send without its recv), the watchdog reports what each
-waits on and ends the job, also as a :class:`LaunchError`.
+traceback, or, for a :class:`minipar.errors.UsageError`, its one line (``rank 3: error: ...``).
+If ranks block (a deadlock, a send without its recv), the watchdog reports what each waits on
+and ends the job, also as a :class:`LaunchError`. Nothing is left behind in the temporary
+directory, whichever way the job ends.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -26,13 +29,54 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from .comm import check_backend
+from .errors import UsageError
+
 
 class LaunchError(RuntimeError):
-    """A launched job failed; ``.output`` holds everything the ranks printed."""
+    """A launched job failed; ``.output`` holds everything the ranks printed.
 
-    def __init__(self, message, output="", returncode=None):
+    ``.line`` is one line saying what went wrong, to print as is: ``rank 3: error: ...`` when a
+    rank raised a ``UsageError`` (then ``.usage`` is True and the message is that line alone),
+    else the watchdog's verdict, ``rank 2 raised KeyError: ...``, the hard time limit, or the
+    exit code.
+    """
+
+    def __init__(self, message, output="", returncode=None, line=None, usage=False):
         super().__init__(message)
         self.output, self.returncode = output, returncode
+        self.line, self.usage = line or str(message).splitlines()[0], usage
+
+
+_USAGE = re.compile(r"^rank \d+: error: .*$", re.M)
+
+
+def failure(n: int, target: str, code: int, output: str) -> LaunchError:
+    """The LaunchError for a job that ended with exit code ``code``, its one line taken from
+    what the ranks printed."""
+    usage = _USAGE.search(output)
+    if usage:
+        return LaunchError(usage.group(0), output, code, usage.group(0), usage=True)
+    lines = [re.sub(r"^\[rank\d+\]: ", "", ln) for ln in output.splitlines()]  # torch's prefix
+    if "minipar watchdog:" in output:
+        line = next(ln for ln in lines if ln.startswith("minipar watchdog:")).split(" What every rank")[0]
+    elif any(re.match(r"^rank \d+ raised:$", ln) for ln in lines):
+        line = _exception_line(lines)
+    elif code == 124:
+        line = lines[-1]
+    else:
+        line = f"{n}-rank job {target} failed (exit code {code})"
+    return LaunchError(f"{n}-rank job {target} failed (exit code {code}): {line}\n{_tail(output)}",
+                       output, code, line)
+
+
+def _exception_line(lines) -> str:
+    """``rank 2 raised RuntimeError: ...`` from the first traceback a rank printed."""
+    i = next(i for i, ln in enumerate(lines) if re.match(r"^rank \d+ raised:$", ln))
+    for ln in lines[i + 1:]:
+        if ln and not ln.startswith((" ", "Traceback")):
+            return f"{lines[i][:-1]} {ln}"
+    return lines[i][:-1] + " an exception"
 
 
 @dataclass
@@ -54,11 +98,11 @@ def mpiexec() -> str:
 def target_name(target) -> str:
     if isinstance(target, str):
         if ":" not in target:
-            raise ValueError(f"target={target!r}: expected 'package.module:function'")
+            raise UsageError(f"target={target!r}: expected 'package.module:function'")
         return target
     mod, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
     if not mod or mod == "__main__" or "<" in name:
-        raise ValueError("target must be importable by the ranks: pass 'module:function' or a "
+        raise UsageError("target must be importable by the ranks: pass 'module:function' or a "
                          "module-level function (not one defined in __main__ or a notebook)")
     return f"{mod}:{name}"
 
@@ -73,8 +117,9 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
     job_timeout: hard wall-clock limit for the whole job (default: watchdog + 120 s).
     quiet: do not echo the ranks' output (it is still returned in ``.output``).
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r}: the number of ranks must be a positive int")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise UsageError(f"n={n!r}: the number of ranks must be a positive int")
+    check_backend(backend, device)
     if watchdog is None:
         from .comm.watchdog import timeout_from_env
 
@@ -89,33 +134,16 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
         cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "minipar._worker",
                spec_path, result_path]
         limit = job_timeout or ((watchdog or 600) + 120)
-        code, output = run_streaming(cmd, limit, echo=not quiet, env=rank_env())
-        if code != 0 and os.path.exists(result_path) and teardown_abort_only(output):
-            note = ("minipar: a torch rank aborted in gloo's teardown after the job had finished "
-                    "(results complete; 'terminate called without an active exception')\n")
-            sys.stderr.write(note)
-            output, code = output + note, 0
+        env = rank_env()
+        env["MINIPAR_WATCHDOG_DIR"] = tmp  # a watchdog report folder dies with this one
+        code, output = run_streaming(cmd, limit, echo=not quiet, env=env)
         if code != 0 or not os.path.exists(result_path):
-            raise LaunchError(f"{n}-rank job {spec['target']} failed (exit code {code}):\n"
-                              f"{_tail(output)}", output, code)
+            raise failure(n, spec["target"], code, output)
         with open(result_path, "rb") as f:
             res = pickle.load(f)
         return LaunchResult(res["results"], res["trace"], output)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def teardown_abort_only(output: str) -> bool:
-    """True when the job's only trouble is gloo's abort at interpreter exit.
-
-    Rank 0 writes the results only after every rank has returned from its function and
-    passed the final barrier. Now and then a torch rank still aborts as Python shuts down:
-    gloo's C++ threads can hold work objects whose tensors are released while the interpreter
-    is being dismantled (reported upstream; it survives destroy_process_group here). Such a
-    job is complete. Anything else in the output (a traceback, the watchdog) is a real failure.
-    """
-    return ("terminate called without an active exception" in output and "Traceback" not in output
-            and "minipar watchdog" not in output)
 
 
 def rank_env(env=None) -> dict:
@@ -154,6 +182,10 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
         proc.wait()
         lines.append(f"minipar: job killed after {limit:g} s (hard time limit)\n")
         code = 124
+    except BaseException:  # Ctrl-C, or any error here: no rank outlives the call
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise
     reader.join(timeout=5)
     return code, "".join(lines)
 

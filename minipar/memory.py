@@ -20,7 +20,8 @@ data parallelism, where every rank holds all of it:
 
 Activations are not in these numbers: they grow with batch and sequence length, not with N.
 
-``Ledger`` measures the same three quantities on real ranks: the bytes of the arrays a rank
+``Ledger`` measures the same three quantities on real ranks (and what is offloaded: ``host``
+bytes in CPU memory, ``file`` bytes in memory-mapped files on disk): the bytes of the arrays a rank
 actually holds (weakly referenced, so an array kept alive by accident is counted), peak over
 the step. ``zero_bytes(..., pad=, gathered=, unit_grad=)`` adds the terms a real run has on top
 of the formula: padding, and the layer(s) gathered or whose full gradient is alive at the peak.
@@ -51,7 +52,8 @@ def zero_bytes(psi, n, stage, bytes_param=2, bytes_grad=2, k=12, offload=False,
     elements added to make every layer divisible by n (held like parameters), ``gathered``
     elements of full layers gathered on top of the stage-3 shards, ``unit_grad`` elements of the
     full gradient of the layer being reduced on top of the stage-2/3 gradient shards.
-    ``offload``: the optimizer state lives on the host (reported as ``host_bytes``).
+    ``offload``: the optimizer state lives on the host (True or "cpu": reported as ``host_bytes``)
+    or in a file ("nvme" or an ``NVMe`` store: ``file_bytes``).
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage={stage!r}: choose 0 (DDP), 1, 2 or 3")
@@ -62,7 +64,9 @@ def zero_bytes(psi, n, stage, bytes_param=2, bytes_grad=2, k=12, offload=False,
     out = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": 0 if offload else opt}
     out["total_bytes"] = sum(out.values())
     if offload:
-        out["host_bytes"] = opt
+        from .mixed_precision import where
+
+        out["file_bytes" if where(offload) == "file" else "host_bytes"] = opt
     return out
 
 
@@ -81,7 +85,7 @@ class Ledger:
 
     def __init__(self, buffers=None):
         self.buffers = buffers  # a minipar.trace.Buffers (comm.tracer.buffers), or None
-        self.refs = {c: {} for c in CATEGORIES + ("host",)}
+        self.refs = {c: {} for c in CATEGORIES + ("host", "file")}
         self.peak = {c: 0 for c in self.refs}
         self.peak_total = 0
         self.samples = 0
@@ -117,6 +121,7 @@ class Ledger:
         out = {f"{c}_bytes": self.peak[c] for c in CATEGORIES}
         out["total_bytes"] = self.peak_total
         out["host_bytes"] = self.peak["host"]
+        out["file_bytes"] = self.peak["file"]  # memory-mapped files (NVMe offload)
         return out
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from minipar.autoparallel.placement import P, R, Shard, step_kind
-from minipar.labs import lab08 as L
+from minipar.labs import lab08 as L, lab08_mcmc as M
 from minipar.labs import lab08_solution as S
 
 
@@ -15,7 +15,7 @@ def test_the_right_answers_pass():
     """minipar's reference, and the mistakes below switched off, pass every case."""
     assert L.check_transition_cost(None, S.transition_cost) == [] == L.check_transition_cost(None, costs())
     assert L.check_op_layout(None, S.op_layout) == [] == L.check_op_layout(None, layouts(None))
-    assert L.check_mcmc_step(None, S.mcmc_step) == [] == L.check_mcmc_step(None, chain_step(lambda f, b, cost, c:
+    assert M.check_mcmc_step(None, S.mcmc_step) == [] == M.check_mcmc_step(None, chain_step(lambda f, b, cost, c:
                                                                                            math.exp(-b * f)))
 
 
@@ -125,7 +125,7 @@ def chain_step(rule=None, draw=True, mutate=False):
     (chain_step(lambda f, b, cost, c: math.exp(-b * f), mutate=True), "mcmc_step changed the strategy it was given"),
 ])
 def test_mcmc_step_mistakes_are_named(step, hint):
-    (message,) = L.check_mcmc_step(None, step)
+    (message,) = M.check_mcmc_step(None, step)
     assert hint in message, message
 
 
@@ -144,7 +144,7 @@ def test_mcmc_step_proposals_must_be_uniform_over_movable_operators():
         c = simulate(cand)
         return (cand, c, True) if c <= cost or rng.random() < math.exp(-beta * (c - cost) / cost) else (strategy, cost, False)
 
-    (message,) = L.check_mcmc_step(None, first_choice_only)
+    (message,) = M.check_mcmc_step(None, first_choice_only)
     assert "never got the choices" in message and "pick uniformly among its other choices" in message, message
-    (message,) = L.check_mcmc_step(None, any_operator)
+    (message,) = M.check_mcmc_step(None, any_operator)
     assert "the candidate changes 0 operators" in message and "not an operator with one choice" in message, message

@@ -37,15 +37,30 @@ def test_collectives_under_torchrun():
     assert "3 ranks (torch):" in out.stdout and "FAIL" not in out.stdout and "all_reduce:rabenseifner" in out.stdout
 
 
+FAKE_GPU = """
+import torch
+torch.cuda.is_available = lambda: True  # one (pretend) GPU for three ranks: gloo, not NCCL
+torch.cuda.device_count = lambda: 1
+torch.cuda.set_device = lambda device: None
+"""
+
+
 @pytest.mark.torch
 @pytest.mark.timeout(180)
-def test_a_raising_rank_ends_a_torchrun_job():
+def test_raising_ranks_end_a_torchrun_job(tmp_path):
+    """Under torchrun: rank 1's UsageError is one line, rank 2's bug its traceback once, and the
+    job ends at once; rank 0 alone says why it chose gloo over NCCL (three ranks, one GPU)."""
     if not has_torch() or not torchrun():
         pytest.skip("torch / torchrun not installed")
+    from .test_faults import SCRIPT, check_script_output
+
+    script = tmp_path / "script.py"
+    script.write_text(FAKE_GPU + SCRIPT.format(init="'torch', device='cuda'"))
     t0 = time.monotonic()
-    out = subprocess.run([torchrun(), "--standalone", "--nproc-per-node", "3", "-m", "minipar.lessons.collectives",
-                          "--backend", "torch", "--raise-on", "1"], capture_output=True, text=True, timeout=160,
-                         env={**rank_env(), "MINIPAR_WATCHDOG": "60"})
+    out = subprocess.run([torchrun(), "--standalone", "--nproc-per-node", "3", str(script)], capture_output=True,
+                         text=True, timeout=160, env={**rank_env(), "MINIPAR_WATCHDOG": "60", "TMPDIR": str(tmp_path)})
+    text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "RuntimeError: planted failure on rank 1" in out.stdout + out.stderr
+    check_script_output(text)
+    assert text.count("minipar: device='cuda' with 3 ranks on 1 GPU on this host: NCCL needs a GPU per rank") == 1
     assert time.monotonic() - t0 < 60  # torchrun's agent stops the others; nobody waits for the watchdog

@@ -138,7 +138,8 @@ def test_bad_emulated_link_is_refused_before_anything_runs():
     assert out.returncode == 2 and "carrier-pigeon" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("verb", [["plan"], ["bench", "machine"], ["bench", "links"], ["run", "planning"]])
+@pytest.mark.parametrize("verb", [["plan"], ["bench", "machine"], ["bench", "links"], ["run", "planning"], ["bench", "plan"],
+                                  ["bench", "offload"], ["run", "data_parallel"]])
 def test_new_verbs_have_help_with_an_example(verb, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([*verb, "--help"])

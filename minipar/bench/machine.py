@@ -11,7 +11,12 @@ Every rank measures at the same time, as ranks compute in training, each with on
 - ``memory_bandwidth``: bytes per second of ``c = a + b`` on arrays far larger than the caches
   (3 arrays moved), the memory-bound operations' rate;
 - ``alpha``, ``beta``: a least-squares fit of one-way message time vs size from a ping-pong
-  between ranks 0 and 1 (``bench.collectives.pingpong``, ``costmodel.fit_alpha_beta``).
+  between ranks 0 and 1 (``bench.collectives.pingpong``, ``costmodel.fit_alpha_beta``);
+- ``oversubscribed``: alpha and beta again, with 2 and 4 ranks per core (``ring_probe``): every
+  rank sends to the next and receives from the previous at once, as a ring collective's step
+  does. With more ranks than cores a step waits until the scheduler runs the receiver, and
+  MPICH's waiting ranks poll, burning their share of a core: the latency a TP all-reduce of
+  many small steps pays when ranks outnumber cores.
 
 The planner's "this-machine" preset (``minipar.plan.hardware.this_machine``) reads the file and
 has no calibration constant: its rates are these measurements. On a machine shared with other
@@ -72,6 +77,34 @@ def measure(comm, n: int = 1024, reps: int = 5, stream_bytes: int = 64 << 20) ->
             "matmul_n": n}
 
 
+def ring_probe(comm, sizes=(8, 65536, 1 << 20), reps=20) -> dict:
+    """Seconds per ring step (sendrecv to the next rank, from the previous) for each size, the
+    slowest rank's mean over ``reps``; every rank returns the same record."""
+    r, p = comm.rank, comm.size
+    out = {}
+    for n in sizes:
+        x, buf = comm.asarray(np.full(n // 8, float(r))), comm.empty((n // 8,), "float64")
+        comm.sendrecv(x, (r + 1) % p, buf, (r - 1) % p)  # warm-up
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            comm.sendrecv(x, (r + 1) % p, buf, (r - 1) % p)
+        out[n] = comm.builtin.all_reduce(comm.asarray(np.array([(time.perf_counter() - t0) / reps])), "max")[0].item()
+    return out
+
+
+def oversubscribed(cores: int, per_core=(2, 4)) -> dict:
+    """{ranks: {"alpha", "beta"}} fitted from ``ring_probe`` on ``k * cores`` ranks for each k."""
+    from ..launcher import launch
+
+    out = {}
+    for k in per_core:
+        steps = launch(k * cores, "minipar.bench.machine:ring_probe", quiet=True).results[0]
+        alpha, beta = M.fit_alpha_beta(list(steps), list(steps.values()))
+        out[str(k * cores)] = {"alpha": alpha, "beta": beta}
+    return out
+
+
 def cmd_machine(args) -> int:
     from ..launcher import launch
     from ..plan.hardware import MACHINE_FILE
@@ -83,6 +116,7 @@ def cmd_machine(args) -> int:
     print(f"measuring this machine on {args.n} ranks: matmul (float64, float32), memory bandwidth, ping-pong ...",
           flush=True)
     rec = launch(args.n, "minipar.bench.machine:measure", quiet=True).results[0]
+    rec["oversubscribed"] = oversubscribed(rec["cores"])
     rec["when"] = datetime.datetime.now().isoformat(timespec="seconds")
     rec["command"] = f"minipar bench machine -n {args.n}"
     rec["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -92,6 +126,8 @@ def cmd_machine(args) -> int:
           f"{rec['matmul_flops']['float32'] / 1e9:.2f} GFLOP/s float32 per rank; memory {rec['memory_bandwidth'] / 1e9:.2f} GB/s; "
           f"alpha {rec['alpha'] * 1e6:.1f} us, 1/beta {1 / rec['beta'] / 1e9 if rec['beta'] else float('inf'):.2f} GB/s; "
           f"{rec['cores']} cores, {rec['memory_bytes'] / 1e9:.1f} GB RAM (load average {rec['load_average']})")
+    print("oversubscribed: " + ", ".join(f"{n} ranks: alpha {r['alpha'] * 1e6:.0f} us, 1/beta {1 / max(r['beta'], 1e-30) / 1e9:.2f} GB/s"
+                                         for n, r in rec["oversubscribed"].items()))
     print(f"wrote {out}")
     return 0
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import sys
-import tempfile
+import time
 
+from ..errors import UsageError
 from ..trace import Tracer
 from .base import Comm, Request, wait_all
-from .watchdog import Watchdog, timeout_from_env
+from .watchdog import Watchdog, new_report_dir, timeout_from_env
 
-__all__ = ["init", "finalize", "Comm", "Request", "wait_all", "BACKENDS"]
+__all__ = ["init", "finalize", "Comm", "Request", "wait_all", "BACKENDS", "check_backend"]
 
 BACKENDS = ("mpi", "torch")
 _WORLD: dict[tuple, Comm] = {}
@@ -33,13 +33,54 @@ def _abort(code: int):
     os._exit(code)
 
 
-def _report_dir(bcast, rank):
-    """A folder every rank can see, for the watchdog's report (made by rank 0)."""
-    path = tempfile.mkdtemp(prefix="minipar-wd-") if rank == 0 else None
-    path = bcast(path)
-    if rank == 0:
-        atexit.register(shutil.rmtree, path, True)
-    return path
+def check_backend(backend: str, device: str | None) -> str:
+    """The device ``init`` will use for ``(backend, device)``; a ``UsageError`` when it cannot.
+
+    Pure: ``minipar.launch`` calls it before starting any rank.
+    """
+    if backend not in BACKENDS:
+        raise UsageError(f"backend={backend!r}: choose one of {BACKENDS}")
+    if backend == "mpi" and device not in (None, "cpu"):
+        raise UsageError(f"device={device!r}: the mpi backend computes on the CPU with NumPy")
+    if device not in (None, "cpu", "cuda"):
+        raise UsageError(f"device={device!r}: choose 'cpu' or 'cuda'")
+    return device or "cpu"
+
+
+def _end_job_on_uncaught(rank: int, size: int):
+    """How a rank ends on an exception nobody caught (installed as ``sys.excepthook``).
+
+    A ``UsageError`` (a mistake in what was asked for) prints one line, ``rank 3: error: ...``;
+    so does a rank whose peer vanished (under torchrun, the ranks left behind by one that
+    failed see gloo's "Connection closed by peer" before torchrun's agent stops them).
+    Anything else is a bug and prints its traceback once. Then, with more than one rank, the
+    whole job ends at once (``MPI_Abort``, or exit under torchrun, whose agent stops the rest),
+    so no other rank waits forever for this one, with or without ``python -m mpi4py``.
+    """
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if issubclass(kind, UsageError):
+            sys.stderr.write(f"rank {rank}: error: {value}\n")
+        elif issubclass(kind, RuntimeError) and "Connection closed by peer" in str(value):
+            sys.stderr.write(f"rank {rank}: stopped: another rank has ended (gloo: connection closed by peer)\n")
+        else:
+            while tb is not None and _launching(tb.tb_frame.f_code.co_filename):
+                tb = tb.tb_next  # start the traceback at the user's code
+            sys.stderr.write(f"rank {rank} raised:\n")
+            previous(kind, value.with_traceback(tb), tb)
+        sys.stderr.flush()
+        if size > 1:
+            time.sleep(1.0)  # let mpiexec / torchrun forward these lines before the abort
+            _abort(1)
+
+    sys.excepthook = hook
+
+
+def _launching(filename: str) -> bool:
+    """A frame of what started the rank's code: runpy, ``python -m mpi4py``, minipar's worker."""
+    return ("runpy" in filename or os.sep + "mpi4py" + os.sep in filename
+            or filename.endswith(os.path.join("minipar", "_worker.py")))
 
 
 def init(backend: str = "mpi", device: str | None = None, watchdog: float | None = None,
@@ -52,13 +93,7 @@ def init(backend: str = "mpi", device: str | None = None, watchdog: float | None
               report of what every rank waits on (default: $MINIPAR_WATCHDOG or 60; 0 = off)
     trace:    start with tracing on (``comm.tracer.enabled`` can be flipped at any time)
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}: choose one of {BACKENDS}")
-    if backend == "mpi" and device not in (None, "cpu"):
-        raise ValueError(f"device={device!r}: the mpi backend computes on the CPU with NumPy")
-    device = device or "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}: choose 'cpu' or 'cuda'")
+    device = check_backend(backend, device)
     key = (backend, device)
     if key in _WORLD:
         return _WORLD[key]
@@ -71,11 +106,13 @@ def init(backend: str = "mpi", device: str | None = None, watchdog: float | None
 
         world = MPI.COMM_WORLD
         tracer = Tracer(world.rank, trace)
-        wd_dir = _report_dir(lambda o: world.bcast(o, 0), world.rank) if timeout > 0 else None
+        wd_dir = world.bcast(new_report_dir() if world.rank == 0 else None, 0) if timeout > 0 else None
         wd = Watchdog(world.rank, world.size, timeout, wd_dir, _abort)
         comm = MPIComm(world, tracer, wd)
     else:
         comm = _init_torch(device, timeout, trace)
+    if sys.excepthook.__module__ != __name__:
+        _end_job_on_uncaught(comm.rank, comm.size)
     _WORLD[key] = comm
     return comm
 
@@ -90,7 +127,9 @@ def _init_torch(device, timeout, trace):
 
     rank, size, local_rank = rendezvous()
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) or _local_size_mpi(size)
-    engine = choose_engine(device, local_size)
+    engine, why = choose_engine(device, local_size)
+    if why and rank == 0:
+        sys.stderr.write(f"minipar: {why}\n")
     if device == "cuda":
         dev = f"cuda:{local_rank % torch.cuda.device_count()}"
         torch.cuda.set_device(dev)
@@ -100,7 +139,7 @@ def _init_torch(device, timeout, trace):
         # the engine's own timeout stays well above ours, so our watchdog reports first
         limit = datetime.timedelta(seconds=max(timeout * 4, 300) if timeout > 0 else 3600)
         dist.init_process_group(engine, rank=rank, world_size=size, timeout=limit)
-        atexit.register(_destroy)
+        atexit.register(finalize)
     tracer = Tracer(rank, trace)
     boxed = [None]
 
@@ -109,7 +148,7 @@ def _init_torch(device, timeout, trace):
         dist.broadcast_object_list(boxed, src=0)
         return boxed[0]
 
-    wd_dir = _report_dir(bcast, rank) if timeout > 0 else None
+    wd_dir = bcast(new_report_dir() if rank == 0 else None) if timeout > 0 else None
     wd = Watchdog(rank, size, timeout, wd_dir, _abort)
     return TorchComm(None, dev, engine, tracer, wd)
 
@@ -123,23 +162,17 @@ def _local_size_mpi(size):
         return size
 
 
-def _destroy():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def finalize():
-    """End this process's communicators while the interpreter is fully alive.
+    """End this process's communicators while the interpreter is fully alive (``init`` also
+    registers it to run at exit).
 
-    torch: destroys every process group. Left to interpreter exit, gloo's worker threads can
-    still hold tensors when Python is being torn down, and the process aborts with "terminate
-    called without an active exception". MPI finalizes itself at exit.
+    torch: destroys every process group and makes sure each one is really gone, its gloo
+    threads joined, before Python starts shutting down (see ``torch_backend.destroy_groups``:
+    a group that outlived this call crashed about one torch job in 30-50 at exit). MPI
+    finalizes itself at exit.
     """
     _WORLD.clear()
     if "torch.distributed" in sys.modules:
-        import gc
+        from .torch_backend import destroy_groups
 
-        gc.collect()  # drop finished Work objects and their tensors before the groups go
-        _destroy()
+        destroy_groups()

@@ -50,10 +50,9 @@ class Request:
         """Block until done; an ``irecv`` returns its filled buffer."""
         if not self._done:
             c = self._comm
-            where = ("to" if self._op == "isend" else "from") + f" rank {c.world_rank(self._peer)}"
-            c.watchdog.enter(f"wait({self._op})", where, self._tag, self._nbytes)
-            self._wait_fn()
-            c.watchdog.leave()
+            where = "to" if self._op == "isend" else "from"
+            c.watchdog.call(f"wait({self._op}) {where} rank {c.world_rank(self._peer)} tag {self._tag} "
+                            f"({self._nbytes} bytes)", self._wait_fn)
             self._finish()
         return self._result
 
@@ -102,14 +101,10 @@ class Comm:
         """Backends accept their own array kind; say clearly when handed the other one."""
         raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
-    def _blocking(self, op, peer, tag, nbytes, fn, *args):
-        """Run ``fn(*args)`` as one blocking call, visible to the watchdog and the tracer."""
-        wd = self.watchdog
-        where = ("to" if op == "send" else "from" if op == "recv" else "with") + f" rank {self.world_rank(peer)}"
-        wd.enter(op, where, tag, nbytes)
+    def _blocking(self, op, peer, nbytes, what, fn, *args):
+        """Run ``fn(*args)`` as one blocking call, announced to the watchdog as ``what``, traced."""
         t0 = time.perf_counter()
-        out = fn(*args)
-        wd.leave()
+        out = self.watchdog.call(what, fn, *args)
         if self.tracer.enabled:
             self.tracer.record(op, self.name, t0, time.perf_counter(), nbytes, self.world_rank(peer))
         return out
@@ -120,14 +115,18 @@ class Comm:
         self._check_peer(dst, "dst")
         self._check_tag(tag)
         x = self._check_array(x, "x")
-        self._blocking("send", dst, tag, xp.nbytes(x), self._send, x, dst, tag)
+        n = xp.nbytes(x)
+        self._blocking("send", dst, n, f"send to rank {self.world_rank(dst)} tag {tag} ({n} bytes)",
+                       self._send, x, dst, tag)
 
     def recv(self, buf, src: int, tag: int = 0):
         """Receive from rank ``src`` into ``buf`` (an array of the message's shape and dtype)."""
         self._check_peer(src, "src")
         self._check_tag(tag)
         buf = self._check_array(buf, "buf", writable=True)
-        return self._blocking("recv", src, tag, xp.nbytes(buf), self._recv, buf, src, tag)
+        n = xp.nbytes(buf)
+        return self._blocking("recv", src, n, f"recv from rank {self.world_rank(src)} tag {tag} ({n} bytes)",
+                              self._recv, buf, src, tag)
 
     def isend(self, x, dst: int, tag: int = 0) -> Request:
         """Start sending ``x``; ``x`` must not be modified until ``wait()`` returns."""
@@ -156,15 +155,16 @@ class Comm:
         self._check_tag(recvtag)
         x = self._check_array(x, "x")
         buf = self._check_array(buf, "buf", writable=True)
-        self._blocking("sendrecv", dst, sendtag, xp.nbytes(x), self._sendrecv, x, dst, buf, src, sendtag, recvtag)
+        n, m = xp.nbytes(x), xp.nbytes(buf)
+        what = (f"sendrecv to rank {self.world_rank(dst)} tag {sendtag} ({n} bytes) "
+                f"and from rank {self.world_rank(src)} tag {recvtag} ({m} bytes)")
+        self._blocking("sendrecv", dst, n, what, self._sendrecv, x, dst, buf, src, sendtag, recvtag)
         return buf
 
     def barrier(self) -> None:
         """Wait until every rank of this communicator has called ``barrier``."""
-        self.watchdog.enter("barrier", f"on {self.name}", None, 0)
         t0 = time.perf_counter()
-        self._barrier()
-        self.watchdog.leave()
+        self.watchdog.call(f"barrier on {self.name}", self._barrier)
         if self.tracer.enabled:
             self.tracer.record("barrier", self.name, t0, time.perf_counter())
 

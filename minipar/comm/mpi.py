@@ -120,10 +120,7 @@ class MPIBuiltin:
 
     def _run(self, name, fn, *args):
         c = self.comm
-        c.watchdog.enter(f"builtin {name}", f"on {c.name}", None, 0)
-        out = fn(*args)
-        c.watchdog.leave()
-        return out
+        return c.watchdog.call(f"builtin {name} on {c.name}", fn, *args)
 
     def all_reduce(self, x, op="sum"):
         out = np.empty_like(x)

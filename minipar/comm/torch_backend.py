@@ -20,13 +20,18 @@ overlap there comes from the engine's own threads, not from polling.
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import sys
+import types
+import weakref
 
 import torch
 import torch.distributed as dist
 
 from .base import Comm
+from ..errors import UsageError
 from ..xp import chunk_bounds
 
 _OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
@@ -60,18 +65,84 @@ def rendezvous():
     return world.rank, world.size, local.rank
 
 
-def choose_engine(device: str, local_size: int) -> str:
+def choose_engine(device: str, local_size: int) -> tuple[str, str | None]:
+    """(engine, why): the engine for ``device`` with ``local_size`` ranks on this host, and a
+    line saying why when it is not the one asked for (rank 0 prints it, once per job)."""
     if device == "cpu":
-        return "gloo"
+        return "gloo", None
     if not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' but torch sees no CUDA device; use device='cpu'")
-    return "nccl" if torch.cuda.device_count() >= local_size else "gloo"
+        raise UsageError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+    gpus = torch.cuda.device_count()
+    if gpus >= local_size:
+        return "nccl", None
+    return "gloo", (f"device='cuda' with {local_size} ranks on {gpus} GPU{'s' if gpus > 1 else ''} on this host: "
+                    f"NCCL needs a GPU per rank, so the ranks compute on the GPU and communicate through "
+                    f"gloo with host staging (measured bandwidth is then PCIe + gloo, not NCCL)")
+
+
+def destroy_groups():
+    """Destroy every process group *now*, joining gloo's threads while Python is fully alive.
+
+    gloo runs collectives on worker threads, and the thread that drops a finished work frees
+    its tensors; freeing a tensor whose Python object has died takes the GIL. A gloo thread
+    still waiting for the GIL when Python starts shutting down is ended by CPython
+    (``pthread_exit``) inside that C++ destructor: ``std::terminate``, "terminate called
+    without an active exception" (docs/faults.md: the backtrace and a reproducer). A destroyed
+    group has joined its threads, but ``destroy_process_group`` destroys only groups nothing
+    else references, and some always are: by our communicators (dropped here), by torch
+    modules imported after ``init_process_group``, which capture the world group as a default
+    argument (``def broadcast(tensor, src, group=group.WORLD)`` in torch.distributed.nn.functional,
+    ZeroRedundancyOptimizer, FSDP's ShardedGradScaler: pointed back at None, torch's own "the
+    default group"), and by DeviceMeshes that DTensor's caches keep (FSDP2: the meshes forget
+    their groups). A group still referenced after all that is reported.
+    """
+    if not dist.is_initialized():
+        return
+    groups = list(dist.distributed_c10d._world.pg_map)  # every group, torch's own included
+    for comm in list(_COMMS):
+        comm.group = comm.builtin.group = None  # any later use fails: no default group
+    _forget_captured(groups)
+    if "torch.distributed.tensor" in sys.modules:  # DTensor in use: its caches hold meshes
+        from torch.distributed.device_mesh import DeviceMesh
+
+        for mesh in [o for o in gc.get_objects() if type(o) is DeviceMesh]:
+            mesh._pg_registry.clear()
+    gc.collect()  # finished Work objects and their tensors go while Python is alive
+    dist.destroy_process_group()
+    held = [g for g in groups if sys.getrefcount(g) > 3]  # ours: the list, g, the call's argument
+    if held:
+        sys.stderr.write(f"minipar: {len(held)} process group(s) still referenced after finalize(); "
+                         f"gloo's threads outlive them and can abort the process at exit\n")
+    groups.clear()  # the last reference: each group is destroyed here and joins its threads
+
+
+def _forget_captured(groups):
+    """Default arguments of torch.distributed's functions that hold one of ``groups`` -> None."""
+    held = {id(g) for g in groups}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("torch.distributed"):
+            continue
+        for obj in list(vars(module).values()):  # type(), not isinstance: no deprecation warnings
+            for fn in (obj, *(vars(obj).values() if issubclass(type(obj), type) else ())):
+                if type(fn) in (staticmethod, classmethod):
+                    fn = fn.__func__
+                if type(fn) is not types.FunctionType:
+                    continue
+                if fn.__defaults__ and any(id(v) in held for v in fn.__defaults__):
+                    fn.__defaults__ = tuple(None if id(v) in held else v for v in fn.__defaults__)
+                for k, v in (fn.__kwdefaults__ or {}).items():
+                    if id(v) in held:
+                        fn.__kwdefaults__[k] = None
+
+
+_COMMS = weakref.WeakSet()  # every TorchComm, so that destroy_groups can drop their groups
 
 
 class TorchComm(Comm):
     backend = "torch"
 
     def __init__(self, group, device, engine, tracer, watchdog, name="world"):
+        _COMMS.add(self)
         size = dist.get_world_size(group)
         ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(size)]
         super().__init__(dist.get_rank(group), size, ranks, tracer, watchdog, name)
@@ -164,10 +235,7 @@ class TorchBuiltin:
 
     def _run(self, name, fn, *args, **kw):
         c = self.comm
-        c.watchdog.enter(f"builtin {name}", f"on {c.name}", None, 0)
-        out = fn(*args, **kw)
-        c.watchdog.leave()
-        return out
+        return c.watchdog.call(f"builtin {name} on {c.name}", fn, *args, **kw)
 
     def _stage(self, x):
         return x.cpu().clone() if self.comm.staging else x.clone()

@@ -1,38 +1,51 @@
 """The watchdog: a blocked job is reported and ended, never left hanging.
 
 Every blocking call of a communicator (send, recv, wait, sendrecv, barrier, builtin
-collectives) first writes *what it is about to wait on* into ``Watchdog.state``::
+collectives) runs through ``Watchdog.call``, which first writes *what it is about to wait on*
+into ``Watchdog.state``::
 
-    ("recv", "from rank 2", tag 0, 32 bytes, t_enter)
+    ("sendrecv to rank 1 tag 0 (32 bytes) and from rank 3 tag 0 (32 bytes)", t_enter, thread)
 
-and clears it when the call returns. That is one tuple assignment per call.
+and puts the previous state back when the call returns *or raises* (an exception caught in
+user code must not leave a stale "blocked in recv" behind). That is one tuple per call.
 
 A daemon thread per rank wakes every ``POLL`` seconds. When its rank has been inside one
 call for longer than ``timeout`` seconds it *fires*:
 
-1. it creates ``<report_dir>/fire`` (atomically; the first rank to fire owns the report),
-2. every rank's thread sees that file and writes ``<report_dir>/rank.<r>`` describing what
-   its rank is doing right now (blocked in which call, or computing, or finished),
-3. the owner waits up to ``GRACE`` seconds for all reports, prints them once, and aborts the
-   whole job (``MPI_Abort``, or ``os._exit`` under torchrun, whose agent then stops the rest).
+1. it creates the report folder (``os.mkdir`` is atomic: the first rank to fire owns the
+   report). The folder's path was agreed at start-up (rank 0 picks it and announces it with
+   the engine's own broadcast), but nothing exists on disk until a rank fires;
+2. every rank's thread sees the folder and writes ``rank.<r>`` into it: what its rank is
+   doing right now (blocked in which call, or computing, or finished) and the user's line
+   it is on (the innermost frame outside the minipar library; lesson drivers in
+   ``minipar/lessons`` count as user code);
+3. the owner waits up to ``GRACE`` seconds for all reports, prints them once, removes the
+   folder, and aborts the whole job (``MPI_Abort``, or ``os._exit`` under torchrun, whose
+   agent then stops the rest). A job that never fires leaves nothing on disk.
 
-The report directory is a temporary folder that rank 0 creates at start-up and announces with
-the engine's own broadcast, so it must be visible to every rank: true on one host; across
-hosts each rank's report then only reaches its own host's folder (the job still ends).
+The folder must be visible to every rank: true on one host; across hosts each rank's report
+only reaches its own host's folder (the job still ends). It lives in ``$MINIPAR_WATCHDOG_DIR``
+(``minipar.launch`` points that into its own temporary folder) or else the temp directory.
 
 The timeout defaults to 60 s; set it with ``minipar.init(watchdog=SECONDS)``, the
 ``MINIPAR_WATCHDOG`` environment variable, or ``--watchdog`` on the CLI; 0 turns it off.
 """
 from __future__ import annotations
 
+import linecache
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
+import uuid
 
 DEFAULT_TIMEOUT = 60.0
 POLL = 0.2
 GRACE = 3.0
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../minipar
+_USER_CODE_INSIDE = os.path.join(_LIBRARY, "lessons")  # drivers written as a user would
 
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT) -> float:
@@ -43,62 +56,88 @@ def timeout_from_env(default: float = DEFAULT_TIMEOUT) -> float:
         raise ValueError(f"MINIPAR_WATCHDOG must be a number of seconds, got {value!r}") from None
 
 
+def new_report_dir() -> str:
+    """A fresh path for one job's report folder (rank 0 picks it; nothing is created)."""
+    parent = os.environ.get("MINIPAR_WATCHDOG_DIR") or tempfile.gettempdir()
+    return os.path.join(parent, f"minipar-wd-{uuid.uuid4().hex[:12]}")
+
+
+def user_line(frame) -> str | None:
+    """``file:line: code`` of the innermost frame that is not minipar's library code."""
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_LIBRARY + os.sep) or path.startswith(_USER_CODE_INSIDE + os.sep):
+            shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+            return f"{shown}:{frame.f_lineno}: {linecache.getline(path, frame.f_lineno).strip()}"
+        frame = frame.f_back
+    return None
+
+
 class Watchdog:
     def __init__(self, rank: int, size: int, timeout: float, report_dir: str | None, abort):
         self.rank, self.size = rank, size
         self.timeout = float(timeout)
-        self.report_dir = report_dir
+        self.report_dir = report_dir  # agreed path; created only when a rank fires
         self.abort = abort  # callable(exit_code) that ends every rank
-        self.state = None  # (op, where, tag, nbytes, t_enter) while inside a blocking call
+        self.state = None  # (what, t_enter, thread id) while inside a blocking call
         self.last = None  # the last call that completed (for "computing since ...")
         self.last_t = time.monotonic()
         self.finished = False
+        self._seen = False  # this rank has seen a report folder: never create one again
         self._written = False
+        self._main = threading.main_thread().ident
         if self.timeout > 0 and report_dir is not None:
             threading.Thread(target=self._loop, name="minipar-watchdog", daemon=True).start()
 
     # called by the communicator around every blocking call ------------------------------
-    def enter(self, op, where, tag, nbytes):
-        self.state = (op, where, tag, nbytes, time.monotonic())
+    def call(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, a call that may block, announced as ``what``.
 
-    def leave(self):
-        if self.state is not None:
-            self.last = self.state
-        self.state = None
-        self.last_t = time.monotonic()
+        The state is restored however ``fn`` ends: returning, or raising an exception that the
+        caller may catch and carry on from.
+        """
+        outer = self.state
+        self.state = (what, time.monotonic(), threading.get_ident())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.last, self.state = self.state, outer
+            self.last_t = time.monotonic()
 
     # the thread -------------------------------------------------------------------------
     def describe(self) -> str:
         now = time.monotonic()
         st = self.state
         if st is not None:
-            op, where, tag, nbytes, t0 = st
+            what, t0, thread = st
             if self.finished:
-                return f"finished its work, waiting for the others in {op} {where} for {now - t0:.1f} s"
-            tag_s = f" tag {tag}" if tag is not None else ""
-            return f"blocked in {op} {where}{tag_s} ({nbytes} bytes) for {now - t0:.1f} s"
+                return f"finished its work, waiting for the others in {what} for {now - t0:.1f} s"
+            return f"blocked in {what} for {now - t0:.1f} s" + self._where(thread)
         if self.finished:
             return "finished its work (waiting for the others to exit)"
-        if self.last is not None:
-            op, where = self.last[0], self.last[1]
-            return f"not in a communication call: running Python for {now - self.last_t:.1f} s since its last call ({op} {where})"
-        return f"not in a communication call: running Python for {now - self.last_t:.1f} s (no call yet)"
+        since = f" since its last call ({self.last[0]})" if self.last is not None else " (no call yet)"
+        return (f"not in a communication call: running Python for {now - self.last_t:.1f} s{since}"
+                + self._where(self._main))
+
+    def _where(self, thread) -> str:
+        line = user_line(sys._current_frames().get(thread))
+        return f"; at {line}" if line else ""
 
     def _loop(self):
-        fire = os.path.join(self.report_dir, "fire")
         while True:
             time.sleep(POLL)
             st = self.state
-            if os.path.exists(fire):
+            if os.path.isdir(self.report_dir):
+                self._seen = True
                 self._write_report()
                 continue
-            if st is not None and time.monotonic() - st[4] > self.timeout:
+            if st is not None and not self._seen and time.monotonic() - st[1] > self.timeout:
                 try:
-                    fd = os.open(fire, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                    os.mkdir(self.report_dir)
                 except FileExistsError:
                     continue  # another rank fired first; it prints the report
-                os.write(fd, str(self.rank).encode())
-                os.close(fd)
+                except OSError as err:  # no folder to share: report this rank alone
+                    sys.stderr.write(f"minipar watchdog: cannot create {self.report_dir}: {err}\n")
                 self._write_report()
                 self._collect_and_abort()
                 return
@@ -108,9 +147,12 @@ class Watchdog:
             return
         self._written = True
         path = os.path.join(self.report_dir, f"rank.{self.rank}")
-        with open(path + ".tmp", "w") as f:
-            f.write(self.describe())
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(self.describe())
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass  # the owner has already printed the report and removed the folder
 
     def _collect_and_abort(self):
         deadline = time.monotonic() + GRACE
@@ -128,6 +170,7 @@ class Watchdog:
             except OSError:
                 lines.append(f"  rank {r}: no report (process exited or unresponsive)")
         lines.append("Aborting the job. Raise the limit with --watchdog SECONDS or MINIPAR_WATCHDOG.")
+        shutil.rmtree(self.report_dir, ignore_errors=True)
         sys.stderr.write("\n".join(lines) + "\n")
         sys.stderr.flush()
         time.sleep(1.0)  # let the launcher forward the report before the abort tears the job down

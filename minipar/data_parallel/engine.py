@@ -134,7 +134,7 @@ class Engine:
 
     def optimizer(self, param, init):
         opt = FlatAdam(param, init, **self.adam)
-        self.ledger.track("host" if self.adam["offload"] else "optimizer", *opt.arrays())
+        self.ledger.track(opt.where, *opt.arrays())  # "optimizer", "host" (offload) or "file" (NVMe)
         return opt
 
     def train_step(self, x, y):
@@ -161,7 +161,7 @@ class Engine:
             with self.comm.region(f"forward {name}"):
                 x, ctx = layer.forward(x)
             ctxs[name] = self.after_forward(name, ctx)
-            del ctx  # the ctx as the layer made it keeps what after_forward dropped (ZeRO-3's weights)
+            del ctx  # ZeRO-3: the context as the layer returned it holds the gathered weights
             self.progress()
         return x, ctxs
 
@@ -173,8 +173,8 @@ class Engine:
             self.progress()
             with self.comm.region(f"backward_weight {name}"):
                 layer.backward_weight(dy, ctx)
-            del ctx  # before after_backward frees what it holds (ZeRO-3's gathered weights)
             self.after_backward(name)
+            del ctx  # ZeRO-3: it holds the gathered weights, freed before the next unit is gathered
             self.progress()
             dy = dx
 
@@ -220,7 +220,8 @@ class Engine:
     def bytes_per_param(self):
         """(working param bytes, grad bytes, optimizer K) as this engine stores them."""
         state = 4 if self.adam["mixed"] else itemsize(self.like)
-        return self.b_work, self.b_work, (3 if self.adam["mixed"] else 2) * state
+        master = self.adam["mixed"] or self.adam["offload"]  # offloaded: the host keeps its own copy of the weights
+        return self.b_work, self.b_work, (3 if master else 2) * state
 
     def measured_memory(self):
         return self.ledger.report()

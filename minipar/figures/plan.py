@@ -7,15 +7,21 @@ plan_heatmap.png  predicted TFLOP/s per GPU of the best configuration in each (t
                   smallest memory any configuration of the cell needs
 plan_memory.png   memory per GPU of the best configuration for each pp: parameters, gradients,
                   optimizer state, activations, stacked, against the GPU's capacity
+plan_here.png     lesson 05's trainer on every grid of this machine: measured step time beside
+                  the planner's prediction from the measured "this machine" preset, drawn from
+                  the recorded run ``docs/planner_here.json`` (``minipar bench plan`` remakes it)
 
 Full figures: GPT-3 175B on 1024 A100 80GB, global batch 1536 (the issue's first example);
 ``quick`` (the tour): Megatron's 7.5B model on 32 A100s, global batch 256.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
+
+HERE_RUN = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "planner_here.json")
 
 FULL = dict(model="gpt3-175b", gpus=1024, batch=1536)
 QUICK = dict(model="megatron-7.5b", gpus=32, batch=256)
@@ -112,12 +118,24 @@ def measured_vs_predicted(labels, measured, predicted, path, title, unit="s"):
     import matplotlib.pyplot as plt
 
     x = np.arange(len(labels))
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(labels) + 2), 4))
+    fig, ax = plt.subplots(figsize=(min(12, max(5, 1.1 * len(labels) + 2)), 4))
     ax.bar(x - 0.2, measured, 0.4, label="measured")
     ax.bar(x + 0.2, predicted, 0.4, label="predicted", hatch="//", alpha=0.8)
-    ax.set_xticks(x, labels, fontsize=8, rotation=20, ha="right")
+    ax.set_xticks(x, labels, fontsize=8, rotation=20 if len(labels) < 8 else 40, ha="right")
     ax.set_ylabel(unit)
     return _save(fig, ax, path, title)
+
+
+def here(path, run=HERE_RUN):
+    """Measured vs predicted step time of every grid of the recorded run on this machine."""
+    with open(run) as f:
+        rec = json.load(f)
+    rows = sorted(rec["rows"], key=lambda r: (r["ranks"], r["measured_s"]))
+    rho = rec["summary"]["8 ranks"]["model"]["spearman"]
+    return measured_vs_predicted([f"{r['grid']} ({r['ranks']})" for r in rows], [r["measured_s"] for r in rows],
+                                 [r["predicted_s"] for r in rows], path,
+                                 f"lesson 05's GPT on this machine (load {rec['load_average']:.0f}): "
+                                 f"s/step per grid (ranks); 8-rank ranking Spearman {rho:.2f}", unit="s per step")
 
 
 def _save(fig, ax, path, title):
@@ -140,4 +158,5 @@ def make(outdir="figures", quick=False, **_):
     return [heatmap(out, res, os.path.join(outdir, "plan_heatmap.png"),
                     f"best configuration per (tp, pp) cell, predicted: {what}"),
             memory_bars(out, res, os.path.join(outdir, "plan_memory.png"),
-                        f"memory per GPU of the fastest configuration per pp: {what}")]
+                        f"memory per GPU of the fastest configuration per pp: {what}"),
+            here(os.path.join(outdir, "plan_here.png"))]

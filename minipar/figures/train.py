@@ -1,7 +1,226 @@
-"""Lesson 05's figures (loss curves per grid, memory bars, the timeline) are drawn with its
-notebook; until then this module draws none, so the tour and ``minipar figures`` run it."""
+"""Figures of lesson 5 from one real run on 8 ranks (``minipar.lessons.train_runs:lesson``).
+
+    minipar figures --only 05        # or: python -m minipar.figures.train figures/
+
+    train_loss_curves.png         every 8-rank grid's loss per step over the one-process curve, and
+                                  each one's relative difference from it (float64: ~1e-16)
+    train_activation_memory.png   each grid's activation peak per recompute mode: counted from the
+                                  arrays the ranks hold, with the formula of docs/train.md on top
+    train_3d_step_timeline.png    one traced step of dp2 pp2 tp2: compute, TP, PP, DP and tied-sum
+                                  lanes per rank
+    train_tokens_per_s.png        tokens/s per grid from ``minipar bench train`` (its JSON,
+                                  train_bench.json beside the figures)
+
+``--quick`` (the tour): the dp2 pp2 tp2 grid alone, three steps on random tokens, no generation. The run's checks
+must all pass (a failing one is printed and stops the figures).
+"""
 from __future__ import annotations
 
+import os
+import pathlib
+import sys
 
-def make(outdir, quick=False, backend="mpi", device=None) -> list:
-    return []
+import numpy as np
+
+from .zero import _plt
+
+N = 8
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODE_COLORS = {"none": "#4C72B0", "selective": "#DD8452", "full": "#55A868"}
+LANES = ("compute", "tp", "pp", "dp")
+LANE_COLORS = {"tp": "#C44E52", "pp": "#E69F00", "dp": "#8172B3", "emb": "#937860"}
+ACTION_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D96A"}
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return str(path)
+
+
+def short(label):
+    """'dp2 pp2 tp2 (1f1b m=2)' -> 'dp2 pp2 tp2' on one line, the rest below."""
+    head, _, rest = label.partition(" (")
+    return head.replace(" ", "\n") + ("\n(" + rest if rest else "")
+
+
+def plot_curves(data, path):
+    """Loss per step of every grid over the one-process curve; below, |grid - one process| / one process."""
+    plt = _plt()
+    ref = np.array(data["reference"])
+    steps = np.arange(1, len(ref) + 1)
+    fig, (ax, dx) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    ax.plot(steps, ref, "k-", lw=6, alpha=0.25, label="one process (dense GPT, float64)")
+    markers = "os^vD<>ph*"
+    for i, (name, losses) in enumerate(data["curves"].items()):
+        ax.plot(steps, losses, marker=markers[i % len(markers)], ms=5, lw=0.8, label=name)
+        err = np.abs(np.array(losses) - ref) / np.abs(ref)
+        dx.semilogy(steps, np.maximum(err, 1e-17), marker=markers[i % len(markers)], ms=5, lw=0.8)
+    dx.axhline(1e-12, color="k", ls="--", lw=1, label="tolerance 1e-12")
+    dx.axhline(np.finfo(np.float64).eps, color="gray", ls=":", lw=1, label="float64 epsilon")
+    dx.text(steps[0], 1.3e-17, "0 (identical) drawn at 1e-17", fontsize=7, color="gray", va="bottom")
+    ax.set_ylabel(f"loss (global batch, {'the sorting task' if data['data'] == 'sorting' else 'random tokens'})")
+    ax.legend(fontsize=7, ncol=2)
+    dx.set_ylabel("relative difference\nfrom one process")
+    dx.set_xlabel("step")
+    dx.set_xticks(steps)
+    dx.set_ylim(5e-18, 1e-10)
+    dx.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Every {N}-rank dp x pp x tp grid trains the one-process GPT: the same losses, step by step\n"
+                 "(only the order of the sums differs: TP all-reduces, micro-batch accumulation, DP averaging)",
+                 fontsize=10)
+    return _save(fig, path)
+
+
+def plot_memory(data, path):
+    """Per grid, the busiest rank's activation peak per recompute mode: measured bars, formula ticks."""
+    plt = _plt()
+    mem = data["memory"]
+    names = list(mem)
+    modes = [m for m in MODE_COLORS if any(m in mem[n] for n in names)]
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    width = 0.8 / len(modes)
+    for i, name in enumerate(names):
+        for k, mode in enumerate(modes):
+            if mode not in mem[name]:
+                continue
+            ranks = mem[name][mode]
+            measured = max(m for _, m, _ in ranks) / 2**10
+            formula = max(f for _, _, f in ranks) / 2**10
+            x = i + (k - (len(modes) - 1) / 2) * width
+            first = not any(mode in mem[n] for n in names[:i])
+            ax.bar(x, measured, width * 0.95, color=MODE_COLORS[mode], edgecolor="k", lw=0.4,
+                   label=f"recompute {mode} (measured)" if first else None)
+            ax.plot([x - width / 2, x + width / 2], [formula, formula], "k-", lw=2,
+                    label="formula (docs/train.md)" if (i, k) == (0, 0) else None)
+    ax.set_xticks(range(len(names)), [short(n) for n in names], fontsize=7)
+    ax.set_ylabel("activation peak of the busiest rank (KiB)")
+    ax.set_yscale("log")
+    top = max(m for n in names for ranks in mem[n].values() for _, m, _ in ranks) / 2**10
+    ax.set_ylim(top / 100, top * 8)
+    ax.legend(fontsize=8, ncol=4, loc="upper left")
+    missing = any(len(mem[n]) < len(modes) for n in names)
+    ax.set_title("Activation memory per grid and recompute mode, counted from the arrays each rank holds between "
+                 "pipeline actions:\nequal to the formula on every rank, to the byte (float64"
+                 + ("; a grid without a bar was not run in that mode)" if missing else ")"), fontsize=9)
+    return _save(fig, path)
+
+
+def plot_timeline(data, path):
+    """One traced step of the 3D grid: per rank a compute lane (pipeline actions) and a lane per
+    group it talks in (the TP all-reduces, the PP sends and the blocking receives, the DP average
+    and the tied sum)."""
+    from collections import defaultdict
+
+    from ..trace import comm_lanes
+
+    plt = _plt()
+    ev = data["trace"]
+    lane_of = comm_lanes(ev)
+    ranks = sorted({e.rank for e in ev})
+    t0 = min(e.t_start for e in ev)
+    bars = defaultdict(list)  # (y, color, outlined) -> [(start ms, width ms)]
+    ticks = []
+    for j, r in enumerate(ranks):
+        base = (len(ranks) - 1 - j) * (len(LANES) + 0.6)
+        ticks += [(base + len(LANES) - 1 - k, f"rank {r} {lane}") for k, lane in enumerate(LANES)]
+        for i, e in enumerate(ev):
+            lane = lane_of[i]
+            if e.rank != r:
+                continue
+            if e.kind == "compute":  # a pipeline action ("1F0"), or the update
+                kind = e.name[1:2] if len(e.name) > 1 and e.name[0].isdigit() else None
+                key = (base + len(LANES) - 1, ACTION_COLORS.get(kind, "#999999"), True)
+            elif lane in LANE_COLORS and (e.kind == "collective" or lane == "pp"):
+                key = (base + len(LANES) - 1 - LANES.index("dp" if lane == "emb" else lane), LANE_COLORS[lane], False)
+            else:
+                continue
+            bars[key].append(((e.t_start - t0) * 1e3, (e.t_end - e.t_start) * 1e3))
+    fig, ax = plt.subplots(figsize=(12, 0.26 * len(LANES) * len(ranks) + 2))
+    for (y, color, outlined), spans in bars.items():
+        ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=color, edgecolor="k" if outlined else "none", lw=0.3)
+    ax.set_yticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=7)
+    ax.set_xlabel("time since the first event of the step (ms)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in
+               (ACTION_COLORS["F"], ACTION_COLORS["B"], "#999999", LANE_COLORS["tp"], LANE_COLORS["pp"],
+                LANE_COLORS["dp"], LANE_COLORS["emb"])]
+    ax.legend(handles, ["forward of a micro-batch", "backward", "optimizer update", "TP all-reduce",
+                        "PP send / receive (waiting)", "DP average", "tied-embedding sum"],
+              fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.06), ncol=4)
+    ax.set_title(f"One traced step of {data['traced']} on {len(ranks)} ranks: the TP all-reduces inside every "
+                 "forward and backward,\nthe activations between the stages, then after the flush the tied sum "
+                 "(first and last stage) and the DP average, once", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_tokens_per_s(bench, path):
+    """Tokens/s of every grid in one ``minipar bench train`` run, against its one-process baseline."""
+    plt = _plt()
+    rows = bench["rows"]
+    base = rows[0]["tokens_per_s"]
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    colors = {1: "#999999", 2: "#4C72B0", 4: "#55A868", 8: "#C44E52"}
+    for i, r in enumerate(rows):
+        ax.bar(i, r["tokens_per_s"], color=colors.get(r["ranks"], "#8172B3"), edgecolor="k", lw=0.4)
+        ax.text(i, r["tokens_per_s"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
+    ax.axhline(base, color="k", ls="--", lw=1, label="one process (no communicator)")
+    names = ["one\nprocess" if r["ranks"] == 1 and "no communicator" in r["grid"] else short(r["grid"]) for r in rows]
+    ax.set_xticks(range(len(rows)), names, fontsize=6)
+    ax.set_ylabel("tokens / s")
+    for n, c in colors.items():
+        ax.bar(0, 0, color=c, label=f"{n} rank{'s' if n > 1 else ''}")
+    ax.legend(fontsize=8, ncol=5)
+    m = bench["model"]
+    ax.set_title(f"minipar bench train: the documented GPT ({m['n_layers']} layers, d={m['d_model']}, T={m['seq_len']}), "
+                 f"batch {bench['batch']}, {bench['cores']} cores, float64; ratios over the one-process run of the "
+                 f"same job\n{bench.get('note', 'see docs/benchmarks_train.md for the conditions of the run')}",
+                 fontsize=9)
+    return _save(fig, path)
+
+
+def summarize(results):
+    """The run's check rows (one per check, over every rank) and rank 0's data."""
+    from ..lessons.common import merge_rows
+
+    return merge_rows([r["rows"] for r in results]), results[0]
+
+
+def make(outdir, quick=False, backend="mpi", device=None, bench=None):
+    import json
+    import tempfile
+
+    from ..launcher import launch
+    from ..lessons.common import format_rows
+    from ..lessons.train_runs import GRIDS8
+    from . import progress
+
+    os.makedirs(outdir, exist_ok=True)
+    kw = dict(steps=3, grids=[g for g in GRIDS8 if g[:3] == (2, 2, 2)], data="random") if quick \
+        else dict(steps=8, checkpoint=tempfile.mkdtemp(prefix="minipar-ckpt-"))
+    progress(f"{'dp2 pp2 tp2, 3 steps' if quick else 'every 8-rank grid'} against one process on {N} ranks")
+    rows, data = summarize(launch(N, "minipar.lessons.train_runs:lesson", backend=backend, device=device, quiet=True,
+                                  job_timeout=3600.0, **kw).results)
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        print(format_rows(bad), flush=True)
+        raise RuntimeError(f"{len(bad)} of lesson 05's figure-run checks failed")
+    print(f"    {len(rows)} checks ok: losses and parameters = one process, replicas and tied copies bitwise equal, "
+          f"activation peaks and traffic = formula" + (", greedy tokens identical at every TP" if not quick else ""),
+          flush=True)
+    j = lambda name: os.path.join(outdir, name)  # noqa: E731
+    out = [plot_curves(data, j("train_loss_curves.png")), plot_memory(data, j("train_activation_memory.png")),
+           plot_timeline(data, j("train_3d_step_timeline.png"))]
+    bench = bench or next((p for p in (j("train_bench.json"), ROOT / "figures" / "train_bench.json")
+                           if os.path.exists(p)), None)
+    if bench:
+        with open(bench) as f:
+            out.append(plot_tokens_per_s(json.load(f), j("train_tokens_per_s.png")))
+    else:
+        print("    no train_bench.json: run `minipar bench train --json figures/train_bench.json` for "
+              "train_tokens_per_s.png", flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    print(make(sys.argv[1] if len(sys.argv) > 1 else "figures", quick="--quick" in sys.argv))

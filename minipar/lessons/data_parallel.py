@@ -313,19 +313,45 @@ def against_torch(comm, steps=3, seed=0, lr=1e-2):
     return rows
 
 
-def tour(comm, seed=0):
-    """Correctness, memory and traffic checks on this world size."""
-    return verify(comm, seed=seed) + _rows_memory(memory(comm, seed=seed)) + _rows_traffic(traffic(comm, seed=seed))
+def tour(comm, seed=0, offload_dir=None):
+    """Correctness, memory and traffic checks on this world size; then ZeRO-Infinity's two
+    techniques (``zero_infinity``): NVMe offload (its files in ``offload_dir``) and tiling."""
+    from . import zero_infinity
+
+    return (verify(comm, seed=seed) + _rows_memory(memory(comm, seed=seed)) + _rows_traffic(traffic(comm, seed=seed))
+            + zero_infinity.offload(comm, seed=seed, path=offload_dir) + zero_infinity.tiling(comm, seed=seed))
 
 
 def add_run_command(run_subparsers):
-    """``minipar run -n 4 data_parallel [--backend torch]``."""
+    """``minipar run -n 4 data_parallel [--backend torch] [--offload-dir DIR]``."""
     from ..cli import lesson_run_parser
 
-    r = lesson_run_parser(run_subparsers, "data_parallel", "DP, DDP (buckets, overlap), ZeRO-1/2/3 vs one process",
-                          "minipar run -n 3 data_parallel --backend torch")
+    r = lesson_run_parser(run_subparsers, "data_parallel",
+                          "DP, DDP (buckets, overlap), ZeRO-1/2/3 vs one process; NVMe offload, Memory-Centric Tiling",
+                          "minipar run -n 3 data_parallel --backend torch\n  minipar run -n 2 data_parallel --offload-dir /mnt/nvme",
+                          validate=_check_offload_dir)
+    r.add_argument("--offload-dir", metavar="DIR", help="where NVMe offload keeps its state files (default: a temporary "
+                                                        "directory, removed afterwards)")
     r.set_defaults(func=run_command)
 
 
+def _check_offload_dir(args):
+    import os
+
+    from ..errors import UsageError
+
+    d = getattr(args, "offload_dir", None)
+    if d is not None and not os.path.isdir(d):
+        raise UsageError(f"--offload-dir {d}: not a directory")
+
+
 def run_command(args):
-    return run_and_report(args, "DP, DDP and ZeRO against one process", "minipar.lessons.data_parallel:tour")
+    return run_and_report(args, "DP, DDP and ZeRO against one process", "minipar.lessons.data_parallel:tour",
+                          offload_dir=getattr(args, "offload_dir", None))
+
+
+def add_bench_command(bench_subparsers):
+    """``minipar bench offload``: the step time of each home of the optimizer state."""
+    from .zero_infinity import add_bench_command as offload
+
+    offload(bench_subparsers)

@@ -51,3 +51,27 @@ def recv_without_send(comm):
     if comm.rank == 1:
         comm.recv(comm.asarray(np.empty(4)), 0, tag=5)
     return comm.rank
+
+
+def ring_without_rank_0(comm):
+    """A ring of ``sendrecv`` (to the right, from the left; each message tagged 10 + its
+    sender) that rank 0 skips.
+
+    Rank 1 then waits on its *source*, rank 0, while its own send went through: the report
+    must name both peers and both tags to show that.
+    """
+    if comm.rank != 0:
+        x, buf = comm.asarray(np.arange(4.0)), comm.asarray(np.empty(4))
+        right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+        comm.sendrecv(x, right, buf, left, sendtag=10 + comm.rank, recvtag=10 + left)
+    return comm.rank
+
+
+def usage_error_on(comm, rank=1):
+    """Rank ``rank`` finds a mistake in what it was asked (``UsageError``); the others wait."""
+    from ..errors import UsageError
+
+    if comm.rank == rank:
+        raise UsageError(f"tp={comm.size + 1}: the tensor-parallel size must divide the world size {comm.size}")
+    comm.barrier()
+    return comm.rank

@@ -21,6 +21,19 @@ AXIS_NAME = {"tp": "TP", "pp": "PP", "cp": "CP", "zero": "ZeRO", "recompute": "r
              "sequence_parallel": "SP", "microbatch": "micro-batch"}
 
 
+# Every leaf of the rule of thumb, as something minipar runs on real ranks.
+RUNS = {"DDP": "minipar run data_parallel (DDP: buckets, overlap)",
+        "ZeRO": "minipar run data_parallel (ZeRO-1/2/3; minipar memory --stage N)",
+        "ZeRO + offload": "minipar run data_parallel [--offload-dir DIR] (CPU and NVMe offload; minipar bench offload)",
+        "+ Memory-Centric Tiling": "minipar run data_parallel (a Linear gathered tile by tile under ZeRO-3: "
+                                   "minipar.zero.tiled_linear)",
+        "ZeRO-3 + Memory-Centric Tiling": "minipar run data_parallel (ZeRO-3; a Linear too large to gather whole, "
+                                          "tile by tile: minipar.zero.tiled_linear)",
+        "PP": "minipar run pipeline --schedule 1f1b", "TP": "minipar run tensor_parallel",
+        "PP+TP+DP": "minipar train -n 8 --dp 2 --pp 2 --tp 2",
+        "DP+PP+TP+ZeRO-1": "minipar train -n 8 --dp 2 --pp 2 --tp 2 --zero 1"}
+
+
 def gb(x) -> str:
     return f"{x / 1e9:.3g} GB"
 
@@ -78,7 +91,7 @@ def rule_of_thumb(prob: Problem) -> tuple[str, list[str]]:
         if whole:
             return "one node, the model fits one GPU", ["DDP", "ZeRO"]
         if not layer:
-            return "one node, the largest layer does not fit one GPU", ["TP", "ZeRO"]
+            return "one node, the largest layer does not fit one GPU", ["TP", "ZeRO-3 + Memory-Centric Tiling"]
         return "one node, the model does not fit one GPU", ["PP", "ZeRO", "TP"]
     if hw.inter.bandwidth >= FAST_INTER_NODE:
         return f"many nodes, fast inter-node link ({hw.inter.name})", ["ZeRO", "PP+TP+DP"]
@@ -92,6 +105,7 @@ def family(cfgs, name: str) -> np.ndarray:
     return {"DDP": plain & (t == 1) & (p == 1) & (z == 0),
             "ZeRO": plain & (t == 1) & (p == 1) & (z > 0),
             "ZeRO + offload": plain & (t == 1) & (p == 1),
+            "ZeRO-3 + Memory-Centric Tiling": plain & (t == 1) & (p == 1) & (z == 3),
             "PP": plain & (t == 1) & (p > 1),
             "TP": plain & (t > 1) & (p == 1),
             "PP+TP+DP": plain & (z == 0),
@@ -109,6 +123,7 @@ def compare_rule(res: Result) -> list[str]:
     branch, rule = rule_of_thumb(res.prob)
     lines = [f"rule of thumb (seed 003, 'which strategy to use when'): {branch}: "
              + ", ".join(f"{i}. {r}" for i, r in enumerate(rule, 1))]
+    lines += [f"  {r} runs here: {RUNS[r]}" for r in rule]
     if not res.ranked:
         return lines
     best = res.cfgs.config(res.ranked[0])

@@ -156,12 +156,20 @@ def add_commands(subparsers):
 
 
 def add_bench_command(bench_subparsers):
-    """``minipar bench machine`` (the this-machine preset) and ``minipar bench links`` (a link you can feel)."""
+    """``minipar bench machine`` (the this-machine preset), ``minipar bench links`` (a link you can
+    feel) and ``minipar bench plan`` (the planner against the trainer's runs here)."""
     from ..bench.machine import add_bench_command as machine
     from ..lessons.planning import add_bench_command as links
+    from . import here
 
     machine(bench_subparsers)
     links(bench_subparsers)
+    p = bench_subparsers.add_parser(
+        "plan", help="the planner vs lesson 05's trainer on this machine: every grid's step time and memory",
+        epilog="example:\n  minipar bench plan --steps 3 --json here.json   (or: python -m minipar.plan.here)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    here.add_arguments(p)
+    p.set_defaults(func=here.cmd_here)
 
 
 def add_run_command(run_subparsers):

@@ -41,6 +41,15 @@ class Problem:
         return min(self.gpus, self.gpus_per_node)
 
     @property
+    def intra(self):
+        """The intra-node link as these ranks see it (this machine, oversubscribed: slower)."""
+        return self.hw.shared_link(self.hw.intra, self.ranks_on_node)
+
+    @property
+    def inter(self):
+        return self.hw.shared_link(self.hw.inter, self.ranks_on_node)
+
+    @property
     def capacity(self) -> float:
         return self.hw.capacity(self.ranks_on_node)
 

@@ -55,6 +55,8 @@ class Hardware:
     matmul_fraction: float = MATMUL_FRACTION
     link_fraction: float = LINK_FRACTION
     cores: int = 0  # this machine: ranks beyond this many share the cores
+    busy: tuple = ()  # this machine: ((ranks, Link), ...) a message's cost measured with that many ranks running
+    oversubscription: bool = True  # model ranks > cores (False: predict as if every rank had its own core)
     dtype_bytes: int = 2  # bytes of an activation element in training
     mixed_precision: bool = True  # 2-byte weights and grads + fp32 Adam (K = 12); else fp32/fp64 throughout
     sources: dict = field(default_factory=dict)
@@ -64,8 +66,18 @@ class Hardware:
         return self.memory_bytes / ranks_on_node if self.cores else self.memory_bytes
 
     def compute_share(self, ranks_on_node: int) -> float:
-        """Fraction of one core's rate a rank gets: 1, or cores/ranks when oversubscribed."""
-        return min(1.0, self.cores / ranks_on_node) if self.cores else 1.0
+        """Fraction of one core's rate a rank gets: 1, or cores/ranks when oversubscribed (MPICH's
+        waiting ranks poll, so every rank stays runnable and the cores are shared evenly)."""
+        return min(1.0, self.cores / ranks_on_node) if self.cores and self.oversubscription else 1.0
+
+    def shared_link(self, lk: Link, ranks_on_node: int) -> Link:
+        """``lk``, or with more ranks than cores the link measured with that many ranks running:
+        a message then also waits for the scheduler to run its receiver (``busy``, measured by
+        ``minipar bench machine``; the nearest measured count at or above, else the largest)."""
+        if not (self.cores and self.oversubscription and self.busy) or ranks_on_node <= self.cores:
+            return lk
+        measured = dict(self.busy)
+        return measured[min((r for r in measured if r >= ranks_on_node), default=max(measured))]
 
     def with_links(self, intra=None, inter=None, emulated=None, slowdown=1.0) -> "Hardware":
         """Swap the intra/inter-node links by name (``--intra-link pcie``: "without NVLink"), or add
@@ -78,6 +90,7 @@ class Hardware:
         if emulated:
             lk = link(emulated).scaled(slowdown)
             hw = replace(hw, intra=hw.intra.plus(lk), inter=hw.inter.plus(lk), link_fraction=1.0,
+                         busy=tuple((r, b.plus(lk)) for r, b in hw.busy),
                          name=f"{hw.name} + emulated {emulated}" + (f" x{slowdown:g}" if slowdown != 1 else ""))
         return hw
 
@@ -123,7 +136,8 @@ def machine_file() -> str:
 
 def this_machine(dtype: str = "float64", path: str | None = None) -> Hardware:
     """The preset `minipar bench machine` measured: one "node" of ``cores`` cores whose ranks
-    talk through shared memory. No calibration constants: rates and alpha/beta are measured."""
+    talk through shared memory. No calibration constants: rates and alpha/beta are measured,
+    and with more ranks than cores (``oversubscribed``) alpha/beta measured with that many."""
     path = path or machine_file()
     try:
         with open(path) as f:
@@ -133,12 +147,15 @@ def this_machine(dtype: str = "float64", path: str | None = None) -> Hardware:
     if dtype not in m["matmul_flops"]:
         raise UsageError(f"dtype={dtype!r}: {path} has rates for {', '.join(m['matmul_flops'])}")
     shm = Link("shared memory", m["alpha"], 1.0 / m["beta"], "ping-pong between two ranks (minipar bench machine)")
+    busy = tuple((int(n), Link(f"shared memory, {n} ranks on {m['cores']} cores", r["alpha"], 1.0 / max(r["beta"], 1e-30),
+                               "a ring of sendrecv on that many ranks (minipar bench machine)"))
+                 for n, r in sorted(m.get("oversubscribed", {}).items(), key=lambda kv: int(kv[0])))
     size = {"float64": 8, "float32": 4}[dtype]
     return Hardware(
         "this-machine", peak_flops=m["matmul_flops"][dtype], memory_bytes=m["memory_bytes"],
         hbm_bandwidth=m["memory_bandwidth"], gpus_per_node=m["cores"], intra=shm, inter=shm, host=shm,
         host_bandwidth=m["memory_bandwidth"], matmul_fraction=1.0, link_fraction=1.0, cores=m["cores"],
-        dtype_bytes=size, mixed_precision=False,
+        busy=busy, dtype_bytes=size, mixed_precision=False,
         sources={"measured": f"{path} ({m.get('when', '?')}; {m.get('command', 'minipar bench machine')})"})
 
 

@@ -22,6 +22,13 @@ drops the as^2 b terms; full recomputation keeps only each block's input (e sbh,
 sequence parallelism) and rebuilds one block's activations at a time in the backward. Context
 parallelism divides everything by cp (each rank holds s/cp queries).
 
+minipar's own layers (``ModelSpec(saves="minipar")``, lesson 05's GPT) keep a little more, as
+``minipar.train.accounting.layer_saved`` lists it: each LayerNorm its normalized input and 1/std,
+s b (h + 1); the GeLU its tanh beside its input (3e sb ffn for the MLP); and with sequence
+parallelism the gathered QKV and fc1 inputs, whole (2e sbh on every TP rank). The first stage
+keeps the int64 token ids, the last the final LayerNorm's, the head's input and the logits'
+gradient. Against the trainer's counted bytes these are exact (``minipar.plan.here``).
+
 A rank keeps the activations of every micro-batch in flight. How many is the schedule's
 business: lesson 03's generators state it per rank (``Schedule.inflight_limit``), and we read it
 there, for the first rank (it holds the most, and the embedding) and the last (the LM head and
@@ -47,6 +54,12 @@ def layer_activations(prob: Problem, b, tp, cp, sp):
     mask = 1 if m.dropout else 0
     sbh = m.seq * b * m.hidden / cp
     sbf = m.seq * b * m.f / cp
+    if m.saves == "minipar":  # lesson 05's layers: see the module docstring
+        scores = e * m.heads * m.seq * m.seq * b / cp
+        ln = 2 * e * m.seq * b * (m.hidden + 1) / cp  # two LayerNorms: xhat and 1/std
+        whole = 2 * e * sbh  # QKV and fc1 inputs (gathered under SP, kept whole)
+        split = 4 * e * sbh + 3 * e * sbf  # q, k, v, projection input; GeLU input, tanh, fc2 input
+        return np.where(sp, ln / tp, ln) + whole + (split + scores) / tp, scores / tp
     scores = m.heads * m.seq * m.seq * b / cp * (e + (mask + e if m.dropout else 0))
     replicated = 4 * e * sbh + 2 * mask * sbh  # LayerNorm inputs, QKV and fc1 inputs, masks
     split = 4 * e * sbh + 2 * e * sbf  # Q, K, V, projection input, GeLU and fc2 inputs
@@ -121,7 +134,10 @@ def states(prob: Problem, psi, n, zero, block, extras=True):
 
 
 def memory(prob: Problem, cfg: Configs) -> dict:
-    """Bytes per GPU on the worst pipeline rank (first or last), with its breakdown."""
+    """Bytes per GPU on the worst pipeline rank (first or last), with its breakdown; ``first`` and
+    ``last`` hold each end's. ``transient``: the part of ``activations`` that exists only inside a
+    backward (the block full recomputation rebuilds), which a count taken between pipeline
+    actions (lesson 05's trainer) does not see."""
     m, hw = prob.model, prob.hw
     b, tp, cp, sp = cfg.microbatch, cfg.tp, cfg.cp, cfg.sequence_parallel
     v = cfg.chunks
@@ -136,20 +152,27 @@ def memory(prob: Problem, cfg: Configs) -> dict:
     logit_bytes = 4 if hw.mixed_precision else e  # the cross-entropy runs in fp32 under mixed precision
     first_extra = mask * sbh  # embedding dropout mask
     last_extra = 2 * e * sbh + logit_bytes * m.seq * b * m.vocab / (tp * cp)  # final LN, LM head input, logits
+    if m.saves == "minipar":
+        tokens = m.seq * b / cp
+        first_extra = 8 * tokens  # the token ids (int64), for the embedding's backward
+        last_extra = e * (tokens / np.where(sp, tp, 1) * (m.hidden + 1) + tokens * m.hidden + tokens * m.vocab / tp)
     act_first = fl * (per_chunk * stored + first_extra) + working
     act_last = ll * (per_chunk * stored + last_extra) + working
     act_first = np.where(cfg.pp == 1, act_first + fl * last_extra, act_first)
+    act_last = np.where(cfg.pp == 1, act_first, act_last)  # one pipeline rank: both ends are it
 
     psi_first, psi_last, block = rank_params(prob, cfg)
+    psi_last = np.where(cfg.pp == 1, psi_first, psi_last)
     n = cfg.dp * cfg.cp
     out = {}
     for name, psi, act in (("first", psi_first, act_first), ("last", psi_last, act_last)):
         s = states(prob, psi, n, cfg.zero, block)
         tot = s["params_bytes"] + s["grads_bytes"] + s["optimizer_bytes"] + act
         out[name] = dict(params=s["params_bytes"], grads=s["grads_bytes"], optimizer=s["optimizer_bytes"],
-                         activations=act, total=tot, host=s["host_bytes"], psi=psi)
+                         activations=act, total=tot, host=s["host_bytes"], psi=psi, transient=working)
     worst_first = out["first"]["total"] >= out["last"]["total"]
     res = {k: np.where(worst_first, out["first"][k], out["last"][k]) for k in out["first"]}
     res["psi_first"], res["psi_last"], res["block"] = psi_first, psi_last, block
+    res["first"], res["last"] = out["first"], out["last"]  # each end of the pipeline (the same rank when pp = 1)
     res["fits"] = res["total"] <= prob.capacity
     return res

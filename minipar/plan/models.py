@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 
 from ..errors import UsageError
 
+SAVES = ("megatron", "minipar")
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -33,6 +35,8 @@ class ModelSpec:
     name: str = "custom"
     position_embeddings: bool = True  # learned positions (s * h parameters); False for ALiBi/RoPE
     dropout: bool = True  # dropout masks are stored (1 byte per element), as in Megatron's GPT
+    qkv_bias: bool = True  # Megatron's QKV projection has a bias; minipar's GPT has none
+    saves: str = "megatron"  # which tensors a block keeps for its backward: see ``memory.layer_activations``
 
     def __post_init__(self):
         for k in ("layers", "hidden", "heads", "seq"):
@@ -43,6 +47,8 @@ class ModelSpec:
             raise UsageError(f"--vocab must be a non-negative integer, got {self.vocab!r}")
         if self.hidden % self.heads:
             raise UsageError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}")
+        if self.saves not in SAVES:
+            raise UsageError(f"saves={self.saves!r}: choose one of {', '.join(SAVES)}")
 
     @property
     def f(self) -> int:
@@ -52,11 +58,11 @@ class ModelSpec:
     def layer_params(self) -> tuple[int, int]:
         """(split by tensor parallelism, replicated) parameters of one block.
 
-        Split: QKV (3h^2 + 3h bias), projection weight h^2, MLP weights 2 h ffn, fc1 bias ffn.
-        Replicated on every TP rank: projection and fc2 biases, two LayerNorms (2h each).
+        Split: QKV (3h^2 + 3h bias, or no bias), projection weight h^2, MLP weights 2 h ffn, fc1
+        bias ffn. Replicated on every TP rank: projection and fc2 biases, two LayerNorms (2h each).
         """
         h, f = self.hidden, self.f
-        return 4 * h * h + 2 * h * f + 3 * h + f, 6 * h
+        return 4 * h * h + 2 * h * f + (3 * h if self.qkv_bias else 0) + f, 6 * h
 
     def embedding_params(self) -> tuple[int, int]:
         """(vocabulary embedding, split over TP; position embedding, replicated)."""
@@ -113,6 +119,13 @@ MODELS = {m.name: m for m in [
     ModelSpec(70, 14336, 112, 2048, 250880, name="bloom-176b", position_embeddings=False),
     ModelSpec(12, 768, 12, 1024, 50257, name="gpt2"),  # seed 003's DDP benchmark model
 ]}
+
+
+def minipar_gpt(gpt) -> ModelSpec:
+    """The planner's view of lesson 05's GPT (``minipar.train.GPTConfig``): no dropout, no QKV
+    bias, learned positions, the head tied to the embedding, and minipar's layers' saved tensors."""
+    return ModelSpec(gpt.n_layers, gpt.d_model, gpt.n_heads, gpt.seq_len, gpt.vocab, ffn=gpt.hidden,
+                     name="minipar-gpt", dropout=False, qkv_bias=False, saves="minipar")
 
 
 def model(name: str) -> ModelSpec:

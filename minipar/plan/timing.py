@@ -65,8 +65,8 @@ def dp_collective(prob: Problem, cfg: Configs, n_bytes, kind):
     k = np.minimum(n, np.maximum(1, prob.gpus_per_node // cfg.tp))
     nodes = np.maximum(1, n // k)
     f = hw.link_fraction
-    rs_in, ag_in = _ring(n_bytes, k, hw.intra, f, "reduce_scatter"), _ring(n_bytes, k, hw.intra, f, "all_gather")
-    rs_out, ag_out = _ring(n_bytes / k, nodes, hw.inter, f, "reduce_scatter"), _ring(n_bytes / k, nodes, hw.inter, f, "all_gather")
+    rs_in, ag_in = _ring(n_bytes, k, prob.intra, f, "reduce_scatter"), _ring(n_bytes, k, prob.intra, f, "all_gather")
+    rs_out, ag_out = _ring(n_bytes / k, nodes, prob.inter, f, "reduce_scatter"), _ring(n_bytes / k, nodes, prob.inter, f, "all_gather")
     return {"all_reduce": rs_in + rs_out + ag_out + ag_in, "reduce_scatter": rs_in + rs_out,
             "all_gather": ag_out + ag_in}[kind]
 
@@ -94,15 +94,15 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
 
     tp_link = np.where(tp <= prob.gpus_per_node, 0, 1)
     block_bytes = b * m.seq / cp * m.hidden * e
-    one = np.where(tp_link == 0, _ring(block_bytes, tp, hw.intra, f, "all_reduce"),
-                   _ring(block_bytes, tp, hw.inter, f, "all_reduce"))  # SP: all-gather + reduce-scatter, same ring
+    one = np.where(tp_link == 0, _ring(block_bytes, tp, prob.intra, f, "all_reduce"),
+                   _ring(block_bytes, tp, prob.inter, f, "all_reduce"))  # SP: all-gather + reduce-scatter, same ring
     n_fwd = np.where(rec == "full", 4, 2)
     tp_f, tp_b = 2 * one, n_fwd * one
 
     cp_intra = tp * cp <= prob.gpus_per_node
     kv = 2 * b * (m.seq / cp) * m.hidden * e / tp
-    lk_a = np.where(cp_intra, hw.intra.alpha, hw.inter.alpha)
-    lk_b = np.where(cp_intra, hw.intra.beta(f), hw.inter.beta(f))
+    lk_a = np.where(cp_intra, prob.intra.alpha, prob.inter.alpha)
+    lk_b = np.where(cp_intra, prob.intra.beta(f), prob.inter.beta(f))
     ring_f = (cp - 1) * (lk_a + kv * lk_b)
     ring_b = (cp - 1) * (lk_a + 2 * kv * lk_b) + np.where(rec == "full", ring_f, 0)
     cp_f = np.maximum(0, ring_f - att_f / rate)
@@ -131,7 +131,7 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     F = F_c + L * (tp_f + cp_f) + z3_f
     B = B_c + L * (tp_b + cp_b) + z3_b + z2
     spans_nodes = prob.gpus > prob.gpus_per_node
-    p2p_lk = hw.inter if spans_nodes else hw.intra
+    p2p_lk = prob.inter if spans_nodes else prob.intra
     p2p = np.where(cfg.pp > 1, p2p_lk.alpha + block_bytes / tp * p2p_lk.beta(f), 0.0)
     return dict(F=F, B=B, head_f=head_f, head_b=head_b, p2p=p2p, nmb=nmb, mem=mem,
                 compute=nmb * (F_c + B_c + head_f + head_b), tp_comm=nmb * L * (tp_f + tp_b),

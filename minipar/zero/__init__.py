@@ -17,18 +17,22 @@ three: every rank keeps 1/N of each piece and hands it over when someone needs i
     stage 1  optimizer state     2 Psi + 2 Psi + K Psi/N      traffic 2 Psi per step (= DDP)
     stage 2  + gradients         2 Psi + (2 + K) Psi/N        traffic 2 Psi
     stage 3  + parameters        (2 + 2 + K) Psi/N            traffic 3 Psi (params gathered twice)
-    offload  optimizer state and its update on the host (``offload=True``)
+    offload  optimizer state and its update on the host (``offload="cpu"``), or in a memory-
+             mapped file on disk (``offload="nvme"`` or ``NVMe(path)``, ZeRO-Infinity)
 
 Traffic in parameter-sized units per rank, times the ring's (N-1)/N.
 
     stages.py           ZeRO1, ZeRO2, ZeRO3 (each subclasses the one before)
+    tiling.py           Memory-Centric Tiling: a Linear too large to gather whole, tile by tile under ZeRO-3
     torch_reference.py  the same training with torch's ZeroRedundancyOptimizer and FSDP2
 """
 from __future__ import annotations
 
+from ..mixed_precision import NVMe
 from .stages import STAGES, ZeRO1, ZeRO2, ZeRO3, swap
+from .tiling import tiled_linear
 
-__all__ = ["ZeRO", "ZeRO1", "ZeRO2", "ZeRO3", "STAGES", "swap"]
+__all__ = ["ZeRO", "ZeRO1", "ZeRO2", "ZeRO3", "STAGES", "swap", "NVMe", "tiled_linear"]
 
 
 def ZeRO(comm, model, stage=1, **kw):

@@ -23,7 +23,7 @@ from .. import collectives as C
 from ..collectives import drain, ring_steps
 from ..data_parallel.engine import TAG, Engine, Flat
 from ..memory import zero_bytes
-from ..xp import copy, empty, to_numpy, zeros
+from ..xp import copy, empty, nbytes, to_numpy, zeros
 
 GATHER_TAG = TAG + 500  # + unit index: stage-3 gathers
 
@@ -220,6 +220,11 @@ class ZeRO3(ZeRO2):
             drain(gen)
             self.P[u] = buf
             self.flats[u].bind("params", buf)
+            self.ledger.sample()  # every gathered buffer alive now counts (Memory-Centric Tiling's peak)
+
+    def peak_gathered(self) -> int:
+        """Bytes of full (gathered) units alive together at the peak: params' peak minus the shards."""
+        return self.ledger.peak["params"] - sum(nbytes(s) for s in self.Ps.values())
 
     def free(self, u):
         self.flats[u].unbind("params")

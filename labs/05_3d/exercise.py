@@ -1,0 +1,93 @@
+"""Lab 05: 3D parallelism, the pieces that glue DP, PP and TP into one training step.
+
+Fill in each function below, then run it on real ranks and grade it:
+
+    mpiexec -n 8 python -m mpi4py labs/05_3d/exercise.py     # see what your code does (1, 2, 4 or 8 ranks)
+    minipar check 05                                         # grade every task
+    minipar check 05 --task 5.2                              # grade one task
+
+Communicate with minipar.collectives (all_reduce: a ring on send/recv, traced, so the grader
+can count what you sent) or comm's own send/recv/sendrecv. comm.builtin is off limits.
+Arrays are NumPy float64 unless a docstring says otherwise.
+
+The grader checks the technique, not only the values: in 5.2 the other ranks' logits are NaN on
+your rank and only 3N numbers may travel (never the logits); in 5.3 only the two ends of the
+pipeline may talk; in 5.4 the bytes you send over the dp group must be one step's average, not
+one per micro-batch.
+"""
+import numpy as np  # noqa: F401
+
+import minipar
+from minipar.collectives import all_reduce  # noqa: F401  all_reduce(comm, x, op="sum" | "max")
+from minipar.xp import chunk_bounds  # noqa: F401  chunk_bounds(n, p)[r]: rank r's [lo, hi) of n
+
+
+def grid_groups(dp, pp, tp, rank):
+    """The world ranks that form each of ``rank``'s groups on a dp x pp x tp grid.
+
+    World rank w sits at numpy.arange(dp * pp * tp).reshape(dp, pp, tp)[d, p, t] == w: TP
+    partners are neighbours. Return a dict:
+      "tp": the ranks with the same (d, p)   (they split every layer's matrices)
+      "pp": the ranks with the same (d, t)   (the stages of one pipeline)
+      "dp": the ranks with the same (p, t)   (replicas of the same shard: average gradients here)
+      "emb": [first stage's rank, last stage's rank] of the same (d, t) when ``rank`` is the first
+             or the last stage and pp > 1 (they hold the two copies of the tied embedding); else None
+    Each list ordered by the coordinate along its axis (= the rank inside the group).
+    """
+    # TODO(lab5.1): find rank's (d, p, t); slice the arange along each axis
+    raise NotImplementedError("lab 5.1")
+
+
+def vocab_parallel_cross_entropy(comm, logits, labels):
+    """Cross-entropy over a vocabulary split across comm: no rank ever holds the whole logits.
+
+    logits: (B, T, V); your rank owns the columns lo:hi = chunk_bounds(V, p)[rank] (V divides by
+    p); the others' columns are NaN on your rank. labels: (B, T) ints in [0, V).
+    Return (loss, dlogits): loss = the mean over the N = B*T tokens of -log softmax(z)[label];
+    dlogits = (softmax(z) - onehot(label)) / N for your columns only, shape (B, T, hi - lo).
+
+    softmax needs exp(z - m) with m a shift that keeps exp from overflowing (above ~709 in
+    float64): the row's max, and the *same* m on every rank, or the partial sums are in
+    different units. So: all-reduce the maxima first (op="max"); then one all-reduce of your
+    partial [sum of exps, label logit] (the label's logit lives on one rank, the others add 0).
+    """
+    # TODO(lab5.2): slice your columns; all_reduce the row maxima (max); all_reduce the partial
+    #               sums; loss and your columns of dlogits
+    raise NotImplementedError("lab 5.2")
+
+
+def sync_tied(pp, grad):
+    """Sum the tied embedding's gradient over the first and the last pipeline stage.
+
+    pp: the pipeline group (rank k = stage k). The token embedding (stage 0) and the LM head
+    (stage pp.size - 1) use the same weight, so each of the two stages holds a copy and the
+    gradient of its own use. grad: that gradient on the two ends, None on the stages in between.
+    Return the sum of both on the two ends (bitwise equal on both), None in between. With one
+    stage there is one copy, whose gradient already holds both uses: return it unchanged.
+    """
+    # TODO(lab5.3): the two ends exchange their gradients (pp.sendrecv, or an all_reduce over a
+    #               group of the two made with pp.split) and add; the middle stages do nothing
+    raise NotImplementedError("lab 5.3")
+
+
+def train_step(grid, pipeline, grads, tied):
+    """The gradients of one training step on a dp x pp x tp grid (the optimizer step follows).
+
+    grid: grid.dp, grid.pp, grid.tp (communicators), grid.emb (the first and last stage, or None),
+    grid.coords = (d, p, t). pipeline(after_action=None): runs every micro-batch's forward and
+    backward through the pipeline (lesson 03's executor over grid.pp; TP inside the layers); the
+    gradients accumulate into ``grads``; returns this replica's loss on the last stage, else None.
+    grads: this rank's gradient arrays (still holding the previous step's values): write into them.
+    tied: the tied embedding's gradient (one of grads) on the first and last stage, else None.
+    Afterwards every gradient must be the gradient of the global batch's mean loss, the same on
+    every replica. Nothing to return (the loss is what pipeline() returns).
+    """
+    # TODO(lab5.4): zero the gradients, run the pipeline once, sum the tied gradient (5.3), then
+    #               average every gradient over grid.dp: once per step, after the flush
+    raise NotImplementedError("lab 5.4")
+
+
+if __name__ == "__main__":
+    from minipar.labs.lab05 import demo
+
+    demo(minipar.init("mpi"), grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step)

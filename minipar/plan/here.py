@@ -1,0 +1,264 @@
+"""The planner against lesson 05's trainer on this machine: step time and memory of every grid.
+
+    python -m minipar.plan.here                     # measure the machine, run every grid, compare
+    python -m minipar.plan.here --machine FILE      # a preset measured before (minipar bench machine)
+    minipar bench plan --steps 3 --json here.json   # the same
+
+One run, so that every ratio is taken under the same conditions:
+
+1. this machine is measured as ``minipar bench machine`` measures it (matmul rate, memory
+   bandwidth, alpha/beta between two ranks, and alpha/beta of a ring step with 2 and 4 ranks per
+   core), unless ``--machine`` names a preset file;
+2. every grid of ``minipar bench train`` (``minipar.train.bench.GRIDS``: every 8-rank
+   factorization, and 1, 2 and 4 ranks) trains the documented GPT for ``--steps`` steps after a
+   warm-up, each grid its own mpiexec job; the step time is the slowest rank's mean;
+3. ``minipar.plan.predict`` predicts each grid from that preset alone: nothing is fitted to the
+   runs. It is printed twice: with the oversubscription model (ranks > cores compute at
+   cores/ranks of a core's rate, and their messages cost what a ring step costs with that many
+   ranks running) and without it (every rank its own core, the two-rank ping-pong's alpha).
+
+Memory: the trainer counts the bytes every rank holds (its engine's ledger, the activations
+between pipeline actions); the planner's model applied to the same GPT (``models.minipar_gpt``)
+must give the same bytes at both ends of the pipeline, to the byte, except the block that full
+recomputation rebuilds inside a backward (``transient``), which the trainer does not see.
+
+The ranking: Spearman's rho and Kendall's tau between predicted and measured step times, over
+all grids and over the 8-rank ones, and the three fastest of each.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from .models import minipar_gpt
+
+MEMORY_KEYS = ("params", "grads", "optimizer", "activations")
+
+
+# --------------------------------------------------------------------------- on the ranks
+
+
+def run_grid(comm, cfg, steps: int) -> dict:
+    """Train ``cfg`` for one warm-up step and ``steps`` timed ones; the slowest rank's mean step
+    time and every rank's counted memory (by grid coordinates)."""
+    from ..train.trainer import train
+
+    tr, _, times = train(comm, cfg.with_(steps=steps + 1))
+    everyone = comm.builtin.allgather_object((tr.grid.coords, tr.memory()))
+    return {"step_s": float(np.mean(times[1:])), "memory": [(list(c), m) for c, m in everyone]}
+
+
+# --------------------------------------------------------------------------- the prediction
+
+
+def train_config(dp, pp, tp, batch=32, **kw):
+    """The benchmark's configuration of a grid (``minipar bench train``): 1f1b, m = 2 pp."""
+    from ..train.cli import DEFAULT_MODEL
+    from ..train.model import GPTConfig
+    from ..train.trainer import TrainConfig
+
+    kw.setdefault("microbatches", 2 * pp if pp > 1 else 1)
+    return TrainConfig(GPTConfig(**DEFAULT_MODEL), dp=dp, pp=pp, tp=tp, batch=batch, data="sorting", lr=3e-3, **kw)
+
+
+def predict_run(cfg, hw):
+    """The planner's Prediction for a TrainConfig on this machine's ranks (one node). The trainer
+    averages the gradients once, after the pipeline's flush: nothing hides the DP collective."""
+    from .config import Config, Problem
+    from .predict import predict
+
+    n = cfg.dp * cfg.pp * cfg.tp
+    b = cfg.batch // (cfg.dp * cfg.microbatches)
+    return predict(Problem(minipar_gpt(cfg.model), n, n, hw, cfg.batch, overlap_dp=False),
+                   Config(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, zero=cfg.zero, microbatch=b, schedule=cfg.schedule,
+                          chunks=cfg.chunks, recompute=cfg.recompute, sequence_parallel=cfg.sequence_parallel))
+
+
+def memory_errors(cfg, pred, measured) -> dict:
+    """Bytes predicted minus bytes counted, per key, at the first and the last pipeline rank
+    (every tp and dp coordinate of it): all zero when the model is exact."""
+    out = {}
+    for end, p in (("first", 0), ("last", cfg.pp - 1)):
+        want = pred.ends[end]
+        for coords, mem in measured:
+            if coords[1] != p:
+                continue
+            for k in MEMORY_KEYS:
+                w = want[k] - (want["transient"] if k == "activations" else 0)
+                out[f"{end} {k}"] = max(out.get(f"{end} {k}", 0.0), abs(w - mem[k]))
+    return out
+
+
+def check_memory(comm, configs) -> list[dict]:
+    """Rows: for each configuration (TrainConfig fields; the model ``SMALL``-sized unless given)
+    one training step on the first dp*pp*tp ranks, the counted memory of every rank against the
+    planner's, byte for byte. The same on every rank."""
+    from ..lessons.train import first_ranks, label, make_config, row, wait_politely
+    from ..train.trainer import Trainer
+    from .hardware import this_machine
+
+    hw = this_machine("float64")
+    rows = []
+    for i, kw in enumerate(configs):
+        cfg = make_config(**dict(kw, steps=1))
+        sub = first_ranks(comm, cfg.dp * cfg.pp * cfg.tp, f"mem{i}")
+        errors = None
+        if sub is not None:
+            tr = Trainer(sub, cfg)
+            tr.step(0)
+            measured = [(list(c), m) for c, m in sub.builtin.allgather_object((tr.grid.coords, tr.memory()))]
+            errors = memory_errors(cfg, predict_run(cfg, hw), measured)
+        errors = comm.builtin.bcast_object(errors, 0)
+        for what, err in errors.items():
+            rows.append(row(f"{label(cfg)}: planner's {what} bytes = the trainer's count", abs(err), 0.0))
+        wait_politely(comm)
+    return rows
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+def ranks_of(x) -> np.ndarray:
+    """Ranks 1..n of x, ties sharing the mean of their ranks."""
+    x = np.asarray(x, float)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(1, len(x) + 1)
+    for v in np.unique(x):
+        r[x == v] = r[x == v].mean()
+    return r
+
+
+def spearman(a, b) -> float:
+    ra, rb = ranks_of(a), ranks_of(b)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def kendall(a, b) -> float:
+    """Kendall's tau-a: (concordant - discordant) pairs / all pairs."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    i, j = np.triu_indices(len(a), 1)
+    return float(np.sum(np.sign(a[i] - a[j]) * np.sign(b[i] - b[j])) / len(i))
+
+
+def ranking(rows, key="predicted_s") -> dict:
+    meas = [r["measured_s"] for r in rows]
+    pred = [r[key] for r in rows]
+    top = lambda v: [rows[i]["grid"] for i in np.argsort(v, kind="stable")[:3]]  # noqa: E731
+    return {"spearman": spearman(meas, pred), "kendall": kendall(meas, pred), "top3_measured": top(meas),
+            "top3_predicted": top(pred), "grids": len(rows)}
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def measure_machine(path: str) -> None:
+    """What ``minipar bench machine`` writes, measured now, into ``path``."""
+    from ..bench.machine import cmd_machine
+
+    cmd_machine(argparse.Namespace(n=2, out=path))
+
+
+def validate(steps=2, machine=None, grids=None, out=print) -> dict:
+    from dataclasses import replace
+
+    from ..launcher import launch
+    from ..train.bench import GRIDS
+    from .hardware import this_machine
+
+    tmp = None
+    if machine is None:
+        fd, tmp = tempfile.mkstemp(prefix="minipar-machine-", suffix=".json")
+        os.close(fd)
+        measure_machine(tmp)
+        machine = tmp
+    try:
+        hw = this_machine("float64", machine)
+    finally:
+        if tmp:
+            os.remove(tmp)
+    if tmp:
+        hw = replace(hw, sources={"measured": "measured at the start of this run (as minipar bench machine -n 2 does)"})
+    naive = replace(hw, oversubscription=False)
+    busy = ", ".join(f"{n} ranks {lk.alpha * 1e6:.0f} us" for n, lk in hw.busy)
+    out(f"preset: {hw.peak_flops / 1e9:.2f} GFLOP/s per core, {hw.hbm_bandwidth / 1e9:.2f} GB/s, {hw.cores} cores, "
+        f"alpha {hw.intra.alpha * 1e6:.0f} us ({busy or 'no oversubscribed alpha measured'}); {hw.sources['measured']}")
+    rows = []
+    out(f"{'grid':<16}{'ranks':>6}{'measured s':>12}{'predicted s':>13}{'pred/meas':>10}{'no-oversub':>11}"
+        f"{'  memory (worst rank)':<24}{'exact':>6}")
+    for dp, pp, tp in grids or GRIDS:
+        cfg = train_config(dp, pp, tp)
+        n = dp * pp * tp
+        res = launch(n, "minipar.plan.here:run_grid", quiet=True, job_timeout=3600.0, cfg=cfg, steps=steps).results[0]
+        p, q = predict_run(cfg, hw), predict_run(cfg, naive)
+        errs = memory_errors(cfg, p, res["memory"])
+        worst = max(sum(m[k] for k in MEMORY_KEYS) for _, m in res["memory"])
+        r = {"grid": f"dp{dp} pp{pp} tp{tp}", "ranks": n, "measured_s": res["step_s"], "predicted_s": p.step_time_s,
+             "no_oversubscription_s": q.step_time_s, "parts": p.parts, "memory_measured": worst,
+             "memory_predicted": p.memory_bytes["total"] - p.memory_bytes["transient"],
+             "memory_exact": all(e == 0 for e in errs.values()), "memory_errors": errs}
+        rows.append(r)
+        out(f"{r['grid']:<16}{n:>6}{r['measured_s']:>12.3f}{r['predicted_s']:>13.3f}{r['predicted_s'] / r['measured_s']:>10.2f}"
+            f"{r['no_oversubscription_s'] / r['measured_s']:>11.2f}  {worst / 2**20:8.2f} MiB vs {r['memory_predicted'] / 2**20:7.2f}"
+            f"{'yes' if r['memory_exact'] else 'NO':>6}")
+    summary = {}
+    for name, sel in (("all grids", rows), ("8 ranks", [r for r in rows if r["ranks"] == 8])):
+        if len(sel) < 2:
+            continue
+        with_, without = ranking(sel), ranking(sel, "no_oversubscription_s")
+        errs = [r["predicted_s"] / r["measured_s"] - 1 for r in sel]
+        summary[name] = {"model": with_, "no_oversubscription": without, "median_abs_error": float(np.median(np.abs(errs)))}
+        out(f"\n{name} ({len(sel)}): Spearman {with_['spearman']:.2f} (without the oversubscription model "
+            f"{without['spearman']:.2f}), Kendall {with_['kendall']:.2f} ({without['kendall']:.2f}); "
+            f"median |error| {summary[name]['median_abs_error']:.0%}")
+        out(f"  fastest measured:  {', '.join(with_['top3_measured'])}")
+        out(f"  fastest predicted: {', '.join(with_['top3_predicted'])}"
+            f"   (without the model: {', '.join(without['top3_predicted'])})")
+    exact = sum(r["memory_exact"] for r in rows)
+    out(f"\nmemory: the planner's bytes equal the trainer's count on every rank in {exact} of {len(rows)} grids")
+    return {"preset": {"peak_flops": hw.peak_flops, "memory_bandwidth": hw.hbm_bandwidth, "alpha": hw.intra.alpha,
+                       "beta": hw.intra.beta(), "busy": {n: [lk.alpha, lk.beta()] for n, lk in hw.busy},
+                       "source": hw.sources["measured"]},
+            "steps": steps, "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "rows": rows, "summary": summary}
+
+
+def cmd_here(args) -> int:
+    from ..errors import UsageError
+
+    if args.steps < 1:
+        raise UsageError(f"--steps must be >= 1, got {args.steps}")
+    if args.machine and not os.path.exists(args.machine):
+        raise UsageError(f"--machine {args.machine}: no such file (write one with `minipar bench machine --out FILE`)")
+    res = validate(args.steps, args.machine)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_arguments(p):
+    p.add_argument("--steps", type=int, default=2, help="timed steps per grid, after one warm-up (default 2)")
+    p.add_argument("--machine", help="a preset file (minipar bench machine --out FILE) instead of measuring now")
+    p.add_argument("--json", metavar="FILE", help="write the rows and the ranking")
+
+
+def main(argv=None) -> int:
+    from ..errors import UsageError
+
+    p = argparse.ArgumentParser(prog="python -m minipar.plan.here", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    try:
+        return cmd_here(p.parse_args(argv))
+    except UsageError as err:
+        print(f"{p.prog}: error: {err}")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
