@@ -35,7 +35,7 @@ def plot_per_rank(per_rank, reuse, path):
         counted = [res["bytes"][k][0] for k in kinds]
         formula = [res["bytes"][k][1] for k in kinds]
         ax.bar(xs, counted, w, color=plt.cm.tab10(j), label=f"rank {res['rank']}")
-        ax.scatter(xs, formula, marker="_", s=120, color="k", zorder=3, label="formula" if j == 0 else None)
+        ax.scatter(xs, formula, marker="_", s=120, color="k", zorder=3, label="formula (send: upper bound)" if j == 0 else None)
     ax.set_xticks(range(len(kinds)), kinds, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("peak bytes held per rank")
     ax.set_yscale("symlog", linthresh=8)
@@ -91,7 +91,7 @@ def plot_prefetch(res, path):
             labels += [f"rank {r} compute", f"rank {r} gather", f"rank {r} gathered bufs"]
         ax.set_yticks(ticks, labels, fontsize=7)
         ax.set_title(f"{'with' if pf else 'without'} prefetch: step {res[pf]['step_time'] * 1e3:.1f} ms (median), "
-                     f"gather outside compute {res[pf]['exposed'] * 1e3:.1f} ms, "
+                     f"gather time hidden under compute {res[pf]['hidden'] * 1e3:.1f} ms, "
                      f"{res[pf]['overlapping']} gathers overlap a layer's compute", fontsize=9)
     axes[-1].set_xlabel("time since the step started (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("#4C72B0", "#55A868", "#C44E52", "#8172B3")]
@@ -107,17 +107,13 @@ def plot_prefetch(res, path):
 
 
 def measure(quick=False):
-    """Every number behind the figures (the timeline's events kept for the plot)."""
-    progress(f"named buffers per rank, counted, on {N} ranks")
-    per_rank = launch(N, f"{LESSON}:per_rank", quiet=True).results
-    progress(f"ring all-reduce, receive buffer reused vs reallocated, on {N} ranks")
-    sizes = (1 << 10, 1 << 16, 1 << 20) if quick else (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
-    reuse = launch(N, f"{LESSON}:reuse_cost", quiet=True, sizes=sizes, pairs=3 if quick else 7).results[0]
-    progress(f"ZeRO-3 with and without prefetch, traced, on {N} ranks")
-    kw = dict(units=4, width=64, batch=64, steps=3) if quick else {}
-    pf = launch(N, f"{LESSON}:prefetch_timeline", quiet=True, **kw).results[0]
+    """Every number behind the figures (the timeline's events kept for the plot), one launch."""
+    progress(f"named buffers counted, the ring's receive buffer reused vs reallocated, ZeRO-3 with and "
+             f"without prefetch traced, on {N} ranks")
+    m = launch(N, f"{LESSON}:figure_runs", quiet=True, quick=quick).results[0]
+    pf = m["prefetch"]
     pf["units_odd"] = [u for k, u in enumerate(pf["unit_names"]) if k % 2]
-    return {"per_rank": per_rank, "reuse": reuse, "prefetch": pf}
+    return m
 
 
 def make(outdir, quick=False, **_):
@@ -126,7 +122,7 @@ def make(outdir, quick=False, **_):
     m = measure(quick)
     paths = [plot_per_rank(m["per_rank"], m["reuse"], os.path.join(outdir, "buffers_per_rank.png")),
              plot_prefetch(m["prefetch"], os.path.join(outdir, "zero3_prefetch_timeline.png"))]
-    numbers = {"per_rank": [{k: v for k, v in r.items() if k != "rows"} for r in m["per_rank"]], "reuse": m["reuse"],
+    numbers = {"per_rank": m["per_rank"], "reuse": m["reuse"],
                "prefetch": {str(k): {kk: vv for kk, vv in v.items() if kk != "events"} if isinstance(v, dict) else v
                             for k, v in m["prefetch"].items()}}
     with open(os.path.join(outdir, "buffers_numbers.json"), "w") as f:

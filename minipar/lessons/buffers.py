@@ -242,7 +242,7 @@ def per_rank(comm, n=1000, schedule="1f1b"):
            "zero3.gathered (prefetch)": [zero["gathered prefetch=True"], max(a + b for a, b in zip(units, units[1:])) * e],
            "zero3.gathered (none)": [zero["gathered prefetch=False"], max(units) * e]}
     for t in pipe["table"]:
-        out[f"{t['kind']} ({schedule})"] = [t["bytes"], t["formula"]]
+        out[f"{t['kind']} ({schedule}{', bound' if t['kind'] == 'pipeline.send' else ''})"] = [t["bytes"], t["formula"]]
     rows = ring["rows"] + pipe["rows"] + ddp["rows"] + zero["rows"]
     return {"rank": comm.rank, "bytes": out, "rows": rows, "n": n, "schedule": schedule}
 
@@ -288,20 +288,32 @@ def reuse_cost(comm, sizes=(1 << 10, 1 << 16, 1 << 20, 1 << 23), pairs=7, calls=
     return out
 
 
+def _union(spans):
+    """Disjoint, sorted intervals covering ``spans``."""
+    out = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
 def overlapping(events, rank, gather="all_gather:ring"):
-    """(gathers of ``rank`` that overlap a layer's compute, gather seconds outside any compute)."""
-    comp = [(e.t_start, e.t_end) for e in events if e.rank == rank and e.kind == "compute" and e.name != "step"]
-    n, exposed = 0, 0.0
-    for g in (e for e in events if e.rank == rank and e.kind == "collective" and e.name == gather):
-        inside = [(max(a, g.t_start), min(b, g.t_end)) for a, b in comp if a < g.t_end and b > g.t_start]
-        n += bool(inside)
-        exposed += g.duration - sum(b - a for a, b in inside)
-    return n, exposed
+    """(gathers of ``rank`` that overlap a layer's compute, seconds during which a gather is in
+    flight while a layer computes: what double buffering hides). Gathers in flight together
+    count once."""
+    comp = _union((e.t_start, e.t_end) for e in events if e.rank == rank and e.kind == "compute" and e.name != "step")
+    gathers = [e for e in events if e.rank == rank and e.kind == "collective" and e.name == gather]
+    n = sum(any(a < g.t_end and b > g.t_start for a, b in comp) for g in gathers)
+    hidden = sum(max(0.0, min(b, d) - max(a, c)) for a, b in _union((g.t_start, g.t_end) for g in gathers)
+                 for c, d in comp)
+    return n, hidden
 
 
 def prefetch_timeline(comm, units=6, width=192, batch=512, steps=7, seed=0, zero3=ZeRO3):
     """ZeRO-3 with and without prefetch, traced steps alternating: per setting the median step
-    time, the median gather time outside compute (max over ranks), how many gathers overlap a
+    time, the median gather time hidden under a layer's compute (min over ranks), how many gathers overlap a
     layer's compute, and the merged trace of its median step (rank 0) for the timeline.
     ``zero3(comm, model, prefetch=)`` stands in for the engine (a planted bug is refused)."""
     x, y = make_data(comm, seed + 1, batch, width, width)
@@ -312,15 +324,15 @@ def prefetch_timeline(comm, units=6, width=192, batch=512, steps=7, seed=0, zero
     for _ in range(steps):
         for pf, step in steppers.items():
             events, dt = traced(comm, step)
-            n, exposed = overlapping(events, me)
-            runs[pf].append((max(comm.builtin.allgather_object(dt)), max(comm.builtin.allgather_object(exposed)),
+            n, hidden = overlapping(events, me)
+            runs[pf].append((max(comm.builtin.allgather_object(dt)), min(comm.builtin.allgather_object(hidden)),
                              min(comm.builtin.allgather_object(n)), events))
     out = {"units": units, "width": width, "batch": batch, "unit_names": list(engines[True].units)}
     for pf, rs in runs.items():
         times = [t for t, *_ in rs]
         median = int(np.argsort(times)[len(times) // 2])
         events = merge(comm, rs[median][3])
-        out[pf] = {"step_time": float(np.median(times)), "exposed": float(np.median([e for _, e, _, _ in rs])),
+        out[pf] = {"step_time": float(np.median(times)), "hidden": float(np.median([h for _, h, _, _ in rs])),
                    "overlapping": min(n for *_, n, _ in rs), "events": events if comm.rank == 0 else None}
     return out
 
@@ -333,6 +345,16 @@ def prefetch_rows(res):
                       [res[False]["overlapping"]], [0]),
             count_row(f"ZeRO-3 with prefetch: 2(units-1) = {2 * (u - 1)} gathers overlap a layer's compute (trace)",
                       [res[True]["overlapping"]], [2 * (u - 1)])]
+
+
+def figure_runs(comm, quick=False):
+    """Everything the buffer figures draw, in one launch: :func:`per_rank` (gathered to rank 0),
+    :func:`reuse_cost` and :func:`prefetch_timeline` (smaller with ``quick``)."""
+    per = comm.builtin.allgather_object({k: v for k, v in per_rank(comm).items() if k != "rows"})
+    sizes = (1 << 10, 1 << 14, 1 << 18) if quick else (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
+    reuse = reuse_cost(comm, sizes=sizes, pairs=2 if quick else 7, calls=4 if quick else None)
+    pf = prefetch_timeline(comm, **(dict(units=4, width=32, batch=32, steps=1) if quick else {}))
+    return {"per_rank": per, "reuse": reuse, "prefetch": pf}
 
 
 def main(argv=None) -> int:
@@ -361,8 +383,8 @@ def main(argv=None) -> int:
     pf = launch(args.n, "minipar.lessons.buffers:prefetch_timeline", quiet=True).results[0]
     print(f"\nZeRO-3, {pf['units']} layers of {pf['width']}x{pf['width']}, batch {pf['batch']}, {args.n} ranks:")
     for k in (False, True):
-        print(f"  prefetch={k!s:<5}  step {pf[k]['step_time'] * 1e3:7.2f} ms   gather outside compute "
-              f"{pf[k]['exposed'] * 1e3:7.2f} ms   gathers overlapping compute {pf[k]['overlapping']}")
+        print(f"  prefetch={k!s:<5}  step {pf[k]['step_time'] * 1e3:7.2f} ms   gather hidden under compute "
+              f"{pf[k]['hidden'] * 1e3:7.2f} ms   gathers overlapping compute {pf[k]['overlapping']}")
     print(format_rows(prefetch_rows(pf)))
     if args.json:
         with open(args.json, "w") as f:
