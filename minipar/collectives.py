@@ -22,6 +22,7 @@ import numpy as np
 
 from . import xp
 from .comm.base import wait_all
+from .trace import buffer
 
 ALGORITHMS = ("naive", "tree", "recursive_doubling", "ring", "rabenseifner")
 OPS = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
@@ -82,7 +83,7 @@ def reduce(comm, x, root=0, op="sum"):
     """
     _check(comm, op, root)
     p, vr = comm.size, (comm.rank - root) % comm.size
-    acc, tmp = xp.copy(x), xp.empty(x.shape, like=x)
+    acc, tmp = xp.copy(x), buffer(comm, "tree.recv", xp.empty(x.shape, like=x))  # a child's whole vector
     with comm.region("reduce:tree", "collective"):
         mask = 1
         while mask < p:
@@ -100,7 +101,7 @@ def reduce(comm, x, root=0, op="sum"):
 
 
 def ring_steps(comm, buf, bounds=None, tag=TAG + 2, phases=("reduce-scatter", "all-gather"), op="sum",
-               observe=None, name=None):
+               observe=None, name=None, reuse=True):
     """The ring, as a generator: every ring collective in minipar is this one loop.
 
     ``buf`` is flat and is worked on in place; rank r owns chunk r, ``bounds[r] = (start, stop)``
@@ -121,14 +122,22 @@ def ring_steps(comm, buf, bounds=None, tag=TAG + 2, phases=("reduce-scatter", "a
     ``observe(phase, step, sent_chunk, received_chunk, buf)`` sees every completed step (the
     ring-steps figure). ``name``: record one ``collective`` trace event spanning the whole ring
     (for rings advanced between layers; blocking callers wrap ``comm.region`` around ``drain``).
+
+    Buffers: the reduce-scatter receives into ``tmp`` ("ring.recv"), one buffer the size of the
+    largest chunk, allocated once and reused by every step; the all-gather needs none (each
+    chunk lands in its place in ``buf``). ``reuse=False`` allocates a fresh one every step:
+    what reusing saves (docs/buffers.md).
     """
     p, r = comm.size, comm.rank
     right, left = (r + 1) % p, (r - 1) % p
     bounds = xp.chunk_bounds(buf.shape[0], p) if bounds is None else bounds
     t0 = time.perf_counter()
     if "reduce-scatter" in phases:
-        tmp = xp.empty((max(b - a for a, b in bounds),), like=buf)  # one receive buffer, reused
+        chunk = max(b - a for a, b in bounds)
+        tmp = buffer(comm, "ring.recv", xp.empty((chunk,), like=buf))  # (chunk,) one receive buffer, reused
         for s in range(p - 1):
+            if not reuse and s:
+                tmp = buffer(comm, "ring.recv", xp.empty((chunk,), like=buf))
             (sa, sb), (ra, rb) = bounds[(r - s - 1) % p], bounds[(r - s - 2) % p]
             reqs = [comm.irecv(tmp[: rb - ra], left, tag), comm.isend(buf[sa:sb], right, tag)]
             yield
@@ -136,6 +145,7 @@ def ring_steps(comm, buf, bounds=None, tag=TAG + 2, phases=("reduce-scatter", "a
             _combine(buf[ra:rb], tmp[: rb - ra], op)
             if observe:
                 observe("reduce-scatter", s, (r - s - 1) % p, (r - s - 2) % p, buf)
+        tmp = reqs = None  # the all-gather receives in place: no buffer from here on
     if "all-gather" in phases:
         for s in range(p - 1):
             (sa, sb), (ra, rb) = bounds[(r - s) % p], bounds[(r - s - 1) % p]
@@ -226,7 +236,7 @@ def _all_reduce_naive(comm, buf, op):
     2(p-1)n bytes: the bottleneck the other algorithms remove.
     """
     if comm.rank == 0:
-        tmp = xp.empty(buf.shape, like=buf)
+        tmp = buffer(comm, "naive.recv", xp.empty(buf.shape, like=buf))  # a whole vector
         for src in range(1, comm.size):
             comm.recv(tmp, src, TAG + 4)
             _combine(buf, tmp, op)
@@ -285,7 +295,7 @@ def _all_reduce_recursive_doubling(comm, buf, op):
     After log2 p rounds everyone has the sum. Few messages, but each carries all n bytes, so it
     suits short vectors. Cost: log2(p) * (alpha + n*beta + n*gamma) (+ fold/unfold for p not 2^k).
     """
-    tmp = xp.empty(buf.shape, like=buf)
+    tmp = buffer(comm, "recursive_doubling.recv", xp.empty(buf.shape, like=buf))  # the partner's whole vector
     v, pof2, real = _fold(comm, buf, op, tmp)
     if v >= 0:
         mask = 1
@@ -314,7 +324,7 @@ def _all_reduce_rabenseifner(comm, buf, op):
     same steps backwards, swapping owned ranges until everyone has everything.
     Cost: 2 log2(p) alpha + 2(p-1)/p n beta + (p-1)/p n gamma (+ fold/unfold for p not 2^k).
     """
-    tmp = xp.empty(buf.shape, like=buf)
+    tmp = buffer(comm, "rabenseifner.recv", xp.empty(buf.shape, like=buf))  # halves used, whole allocated
     v, pof2, real = _fold(comm, buf, op, tmp)
     if v >= 0:
         bounds = xp.chunk_bounds(buf.shape[0], pof2)

@@ -79,18 +79,22 @@ class Ledger:
     ``track(category, array)`` remembers an array that owns its memory (a buffer, a shard, not a
     view of one) through a weak reference; ``sample()`` sums the arrays still alive. An array
     freed by the engine but kept alive elsewhere (say, by an activation context) still counts:
-    that is real memory.
+    that is real memory. ``track(..., name=, label=)`` also names it as a buffer of the rank
+    (``minipar.trace.Buffers``, the ledger's ``buffers``): counted by kind, and in the trace.
     """
 
-    def __init__(self):
+    def __init__(self, buffers=None):
+        self.buffers = buffers  # a minipar.trace.Buffers (comm.tracer.buffers), or None
         self.refs = {c: {} for c in CATEGORIES + ("host", "file")}
         self.peak = {c: 0 for c in self.refs}
         self.peak_total = 0
         self.samples = 0
 
-    def track(self, category, *arrays):
+    def track(self, category, *arrays, name=None, label=""):
         for a in arrays:
             self.refs[category][id(a)] = (weakref.ref(a), _nbytes(a))
+            if name and self.buffers is not None:
+                self.buffers.hold(name, a, label)
 
     def now(self) -> dict:
         """Bytes per category held right now (dead references are dropped)."""

@@ -17,11 +17,16 @@ Tracing off costs one attribute test per call: ``if tracer.enabled``.
         y = x @ w
     events = merge(comm)                  # on every rank: all ranks' events, clocks aligned
     write_chrome_trace("trace.json", events)
+
+Buffers, the arrays that carry partial results between ranks, are named where they are
+allocated (:func:`buffer`) and counted per rank (:class:`Buffers`); while tracing, each one's
+lifetime is a ``buffer`` event from its allocation to its free, on a lane of its own.
 """
 from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -30,7 +35,7 @@ SEND_KINDS = ("send", "isend", "sendrecv")
 
 class Event(NamedTuple):
     rank: int
-    kind: str  # send, recv, isend, irecv, sendrecv, barrier, builtin, collective, compute
+    kind: str  # send, recv, isend, irecv, sendrecv, barrier, builtin, collective, compute, buffer
     name: str
     t_start: float
     t_end: float
@@ -49,6 +54,7 @@ class Tracer:
         self.rank = rank
         self.enabled = enabled
         self.events: list[Event] = []
+        self.buffers = Buffers(self)
 
     def record(self, kind, name, t_start, t_end, nbytes=0, peer=-1):
         self.events.append(Event(self.rank, kind, name, t_start, t_end, int(nbytes), int(peer)))
@@ -85,6 +91,93 @@ class _Null:
 
 
 _NULL = _Null()
+
+
+# ---------------------------------------------------------------- named buffers
+
+
+def buffer(comm, kind: str, array, label: str = ""):
+    """Name ``array`` as a buffer of this rank (``kind`` like "ring.recv", ``label`` like
+    "bucket 0"); returns ``array`` unchanged. See :class:`Buffers`."""
+    return comm.tracer.buffers.hold(kind, array, label)
+
+
+class Buffers:
+    """The named buffers of one rank: how many bytes of each kind are alive, the most alive at
+    once, and how often each kind was allocated.
+
+    A buffer holds partial results while ranks communicate: the ring's receive buffer, DDP's
+    flat gradient buckets, ZeRO's flat parameter buffers and the layers ZeRO-3 gathers, the
+    activations and the send buffers a pipeline keeps in flight. The code that allocates one
+    names it::
+
+        tmp = buffer(comm, "ring.recv", xp.empty((chunk,), like=buf))
+
+    While ``enabled`` (or while tracing), a named buffer is counted from that line until its
+    last reference goes (a weak reference tells: an array kept alive by accident still counts);
+    while tracing, its lifetime is also one ``buffer`` event (allocation to free, its bytes) on
+    the "buffers" lane of the Chrome trace. A buffer still alive is in :meth:`open_events`.
+    Both off, naming a buffer costs two attribute tests. Shared by a communicator and its
+    sub-communicators, like the tracer.
+    """
+
+    def __init__(self, tracer):
+        self.tracer = tracer
+        self.enabled = False
+        self.live = {}  # id(array) -> (kind, label, bytes, t_alloc, traced)
+        self.reset()
+
+    def reset(self):
+        """Start counting afresh: allocations from now on; peaks from the bytes alive now."""
+        self.allocations = defaultdict(int)  # kind -> buffers allocated since reset
+        self.allocated = defaultdict(int)  # kind -> bytes allocated since reset
+        self.peak = defaultdict(int, self.alive())  # kind -> most bytes alive at once
+        self.peak_total = sum(self.peak.values())
+
+    def hold(self, kind, array, label=""):
+        if not (self.enabled or self.tracer.enabled) or id(array) in self.live:
+            return array
+        from .xp import nbytes
+
+        n, traced = nbytes(array), self.tracer.enabled
+        key = id(array)
+        self.live[key] = (kind, label, n, time.perf_counter(), traced)
+        weakref.finalize(array, self._free, key).atexit = False
+        self.allocations[kind] += 1
+        self.allocated[kind] += n
+        now = self.alive()
+        self.peak[kind] = max(self.peak[kind], now[kind])
+        self.peak_total = max(self.peak_total, sum(now.values()))
+        return array
+
+    def _free(self, key):
+        kind, label, n, t0, traced = self.live.pop(key)
+        if traced and self.tracer.enabled:
+            self.tracer.record("buffer", f"{kind} {label}".strip(), t0, time.perf_counter(), n)
+
+    def alive(self) -> dict:
+        """{kind: bytes} of the named buffers alive now."""
+        out = defaultdict(int)
+        for kind, _, n, _, _ in self.live.values():
+            out[kind] += n
+        return dict(out)
+
+    def labels(self, kind) -> dict:
+        """{label: bytes} of the buffers of ``kind`` alive now (one per unit, bucket, ...)."""
+        return {label: n for k, label, n, _, _ in self.live.values() if k == kind}
+
+    def report(self) -> dict:
+        """{kind: {"peak_bytes", "allocations", "allocated_bytes", "alive_bytes"}} since :meth:`reset`."""
+        now = self.alive()
+        return {k: {"peak_bytes": self.peak[k], "allocations": self.allocations[k],
+                    "allocated_bytes": self.allocated[k], "alive_bytes": now.get(k, 0)}
+                for k in sorted(set(self.peak) | set(self.allocations))}
+
+    def open_events(self) -> list[Event]:
+        """The traced buffers still alive, as events ending now."""
+        t = time.perf_counter()
+        return [Event(self.tracer.rank, "buffer", f"{kind} {label}".strip(), t0, t, n, -1)
+                for kind, label, n, t0, traced in self.live.values() if traced]
 
 
 # ---------------------------------------------------------------- merging across ranks
@@ -125,9 +218,10 @@ def clock_offset(comm, rounds: int = 8) -> float:
 def merge(comm, events=None, align: bool = True) -> list[Event]:
     """All ranks' events on one time axis (rank 0's clock), sorted by start; on every rank.
 
-    Collective over ``comm`` (call it on all ranks). ``events`` defaults to this rank's tracer.
+    Collective over ``comm`` (call it on all ranks). ``events`` defaults to this rank's tracer
+    (with the traced buffers still alive, as if freed now).
     """
-    mine = list(comm.tracer.events if events is None else events)
+    mine = list(comm.tracer.events + comm.tracer.buffers.open_events() if events is None else events)
     shift = clock_offset(comm) if align and comm.size > 1 else 0.0
     mine = [e._replace(t_start=e.t_start + shift, t_end=e.t_end + shift) for e in mine]
     everyone = comm.builtin.allgather_object(mine)
@@ -169,10 +263,13 @@ def count(events, kind=None, name=None, rank=None) -> int:
 def comm_lanes(events) -> dict:
     """{event index: lane name} by communicator: a point-to-point event goes to the lane of its
     communicator's family (the name before "(": "tp", "pp", "dp", ...); a collective to the lane
-    of the first point-to-point event inside it on the same rank; compute to "compute"."""
+    of the first point-to-point event inside it on the same rank; compute to "compute"; a
+    buffer's lifetime to "buffers"."""
     lanes, p2p = {}, defaultdict(list)
     for i, e in enumerate(events):
-        if e.kind not in ("compute", "collective", "builtin"):
+        if e.kind == "buffer":
+            lanes[i] = "buffers"
+        elif e.kind not in ("compute", "collective", "builtin"):
             lanes[i] = e.name.split("(")[0]
             p2p[e.rank].append(e)
     for i, e in enumerate(events):
@@ -187,9 +284,9 @@ def comm_lanes(events) -> dict:
 def to_chrome_trace(events, lanes: str = "kind") -> dict:
     """Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one row per rank.
 
-    lanes="kind": compute and collectives on one lane, point-to-point on another.
-    lanes="comm": one lane per communicator family (:func:`comm_lanes`): with a process grid,
-    TP collectives, PP sends and DP reductions each on their own lane.
+    lanes="kind": compute and collectives on one lane, point-to-point on another, buffers'
+    lifetimes on a third. lanes="comm": one lane per communicator family (:func:`comm_lanes`):
+    with a process grid, TP collectives, PP sends and DP reductions each on their own lane.
     """
     if not events:
         return {"traceEvents": [], "displayTimeUnit": "ms"}
@@ -202,11 +299,14 @@ def to_chrome_trace(events, lanes: str = "kind") -> dict:
     for r in sorted({e.rank for e in events}) if by_comm else []:
         out += [{"ph": "M", "name": "thread_name", "pid": r, "tid": k, "args": {"name": n}}
                 for k, n in enumerate(names)]
+    for r in sorted({e.rank for e in events if e.kind == "buffer"}) if not by_comm else []:
+        out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": 2, "args": {"name": "buffers"}})
     for i, e in enumerate(events):
-        lane = names.index(by_comm[i]) if by_comm else (0 if e.kind in ("compute", "collective") else 1)
+        lane = names.index(by_comm[i]) if by_comm else \
+            (0 if e.kind in ("compute", "collective") else 2 if e.kind == "buffer" else 1)
         out.append({
             "ph": "X", "pid": e.rank, "tid": lane, "cat": e.kind,
-            "name": e.name if e.kind in ("compute", "collective") else f"{e.kind} {e.name}",
+            "name": e.name if e.kind in ("compute", "collective", "buffer") else f"{e.kind} {e.name}",
             "ts": (e.t_start - t0) * 1e6, "dur": max(e.duration, 0.0) * 1e6,
             "args": {"bytes": e.bytes, "peer": e.peer},
         })

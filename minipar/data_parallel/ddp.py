@@ -53,8 +53,8 @@ class DDP(Engine):
             P, G = flat.values(self.like, self.dtype), zeros((flat.n_pad,), like=self.like, dtype=self.dtype)
             flat.bind("params", P)
             flat.bind("grads", G)
-            self.ledger.track("params", P)
-            self.ledger.track("grads", G)
+            self.ledger.track("params", P, name="ddp.bucket params", label=str(i))  # (n_pad,) each, reused every step
+            self.ledger.track("grads", G, name="ddp.bucket grads", label=str(i))
             self.buckets.append((units, flat, P, G, self.optimizer(P, init)))
             self.ready[units[0]] = i
 
@@ -80,7 +80,7 @@ class DDP(Engine):
             self.inflight = []
         for *_, G, _ in self.buckets:
             if not self.overlap:
-                G[...] = C.all_reduce(self.comm, G, "ring")  # sum over ranks
+                G[...] = C.all_reduce(self.comm, G, "ring")  # sum over ranks (one "ring.recv" each)
             G /= self.comm.size  # the average
 
     def update(self):

@@ -129,7 +129,7 @@ class Engine:
         self.dtype = working_dtype(self.like, mixed)
         self.b_work = itemsize(zeros((1,), like=self.like, dtype=self.dtype))  # bytes per working param
         self.adam = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, mixed=mixed, offload=offload)
-        self.ledger = Ledger()
+        self.ledger = Ledger(comm.tracer.buffers)  # tracks the engine's arrays; names its buffers
         self.psi = model.num_params()
 
     def optimizer(self, param, init):

@@ -6,6 +6,7 @@
     zero_traffic.png           bytes sent per rank per step, per engine, vs 2(N-1)/N and 3(N-1)/N Psi
     ddp_overlap_timeline.png   one traced DDP step without and with overlap: compute and all-reduce lanes
     dp_vs_ddp.png              rank 0 against the other ranks: bytes moved and compute time per step
+    buffers_per_rank.png, zero3_prefetch_timeline.png   see minipar.figures.buffers
 
 The measured numbers are also written to ``zero_numbers.json`` beside the figures (the source of
 docs/benchmarks_zero.md). Timings need one BLAS thread per rank: ``minipar.launch`` gives every
@@ -192,7 +193,9 @@ def make(outdir, quick=False, backend=None, device=None, overlap_backend=None):
                           for k, v in m["overlap"].items()}
     with open(os.path.join(outdir, "zero_numbers.json"), "w") as f:
         json.dump(numbers, f, indent=1, default=float)
-    return paths
+    from . import buffers  # the buffers of lessons 01, 03 and 04 (double buffering is ZeRO-3's)
+
+    return paths + buffers.make(outdir, quick)
 
 
 if __name__ == "__main__":

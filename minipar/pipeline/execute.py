@@ -22,12 +22,19 @@ started receiving), so a blocking send from rank r to rank q waits until q reach
 action that receives it. In 1F1B, rank r may send F's output to q while q is itself blocked
 sending a gradient back to r: both wait, a deadlock, although the schedule is valid. So every
 send here is an ``isend``; its request (and the array, which must not change until then) is
-kept and waited for at the end of the step. A receive happens exactly where the action needs
+kept until it completes: after every action the finished ones are dropped, and what is left is
+waited for at the end of the step. A receive happens exactly where the action needs
 the data (``recv`` at the start of F / B / I): that wait is a real data dependency of the
 schedule, and since :func:`~minipar.pipeline.validate` proved the schedule deadlock-free with
 dependencies only (lockstep), and sends never block, the execution cannot deadlock either.
 (Pre-posting every irecv would overlap receiving with compute but needs the buffers up front;
 we keep the simple form.) Stages on the same rank (possible when p = 1) hand over in memory.
+
+Buffers (``minipar.trace.buffer``, counted per rank while tracing or counting): "pipeline.recv
+act" (an activation received for F, kept by the stage's ctx until its B, or W), "pipeline.recv
+grad" (an output gradient received for B, or kept from I to W) and "pipeline.send" (the array
+handed to ``isend``, alive until the send completes). :func:`buffers_in_flight` says how many
+of each a rank holds at worst, from the schedule alone.
 
 Loss scaling. The full batch is m equal micro-batches and the loss is the mean over the full
 batch, i.e. (1/m) * sum of the per-micro-batch means, so each micro-batch's output gradient is
@@ -39,12 +46,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..nn import GeLU, Linear, Sequential, mse_loss
+from ..trace import buffer
 from ..xp import chunk_bounds, contiguous
-from .schedules import Action, Schedule, inflight_profile, validate
+from .schedules import Action, Schedule, inflight_profile, lockstep, validate
 from .simulate import Costs, Event as SimEvent, SimResult
 
 __all__ = ["build_stages", "run_schedule", "reference_step", "measured_bubble", "act_tag", "grad_tag",
-           "peer_and_tag", "action_events", "measured_costs", "measured_durations", "trace_timeline"]
+           "peer_and_tag", "action_events", "measured_costs", "measured_durations", "trace_timeline",
+           "buffers_in_flight"]
 
 
 def act_tag(stage: int, microbatch: int, m: int) -> int:
@@ -138,21 +147,21 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
 
     ctxs, dys = {}, {}            # (stage, mb) -> forward ctx / output gradient (kept for W)
     local = {}                    # messages between stages on the same rank
-    pending = []                  # isend requests: waited for at the end of the step
+    pending = []                  # isend requests not yet complete (each keeps its send buffer)
     total = None
 
-    def send(x, peer):
+    def send(x, peer, a):
         rank, tag = peer
         if rank == me:
             local[tag] = x
-        else:
-            pending.append(comm.isend(contiguous(x), rank, tag))  # a layer's output may be a strided view
+        else:  # a layer's output may be a strided view
+            pending.append(comm.isend(buffer(comm, "pipeline.send", contiguous(x), str(a)), rank, tag))
 
-    def recv(peer, shape):
+    def recv(peer, shape, kind, a):
         rank, tag = peer
         if rank == me:
             return local.pop(tag)
-        return comm.recv(comm.empty(shape, dtype), rank, tag)
+        return comm.recv(buffer(comm, kind, comm.empty(shape, dtype), str(a)), rank, tag)
 
     for a in schedule.actions[me]:
         s, kind, i = a
@@ -160,9 +169,9 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
         src, dst = pairing(a, schedule)
         # receive first, outside the compute region: waiting is idle time, not compute
         if kind == "F":
-            x = microbatches[i] if s == 0 else recv(src, shape_of(s, i))
+            x = microbatches[i] if s == 0 else recv(src, shape_of(s, i), "pipeline.recv act", a)
         elif kind in "BI":
-            dy = dys.pop((s, i)) if s == S - 1 else recv(src, shape_of(s + 1, i))
+            dy = dys.pop((s, i)) if s == S - 1 else recv(src, shape_of(s + 1, i), "pipeline.recv grad", a)
         with comm.region(str(a)):
             if kind == "F":
                 y, ctxs[(s, i)] = mod.forward(x)
@@ -172,7 +181,7 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
                     total = li if total is None else total + li
                     dys[(s, i)] = dpred * scale
                 else:
-                    send(y, dst)
+                    send(y, dst, a)
             elif kind in "BI":
                 ctx = ctxs[(s, i)]
                 if kind == "B":
@@ -182,12 +191,13 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
                     dx = mod.backward_input(dy, ctx)
                     dys[(s, i)] = dy          # W needs it (and the ctx) later
                 if s > 0:
-                    send(dx, dst)
+                    send(dx, dst, a)
             elif kind == "W":
                 mod.backward_weight(dys.pop((s, i)), ctxs.pop((s, i)))
             else:
                 raise ValueError(f"unknown action kind in {a}")
-        pending = [req for req in pending if not req.test()]  # a finished send frees its array
+        x = y = dy = dx = ctx = None  # what the action used lives on only in ctxs, dys and pending
+        pending = [req for req in pending if not req.test()]  # a finished send frees its buffer
         if after_action is not None:
             after_action(a, {"ctx": ctxs, "dy": dys})
     for req in pending:
@@ -209,6 +219,62 @@ def reference_step(stages, x, target, loss=mse_loss) -> float:
     for mod, ctx in zip(reversed(stages), reversed(ctxs)):
         dy = mod.backward(dy, ctx)
     return float(value)
+
+
+def buffers_in_flight(schedule: Schedule, rank: int, pairing=peer_and_tag) -> dict:
+    """The most messages (a micro-batch's activation or gradient each) of each kind of buffer
+    that :func:`run_schedule` holds at once on ``rank``, from the schedule alone:
+
+    "pipeline.recv act"   activations received for an F and kept by the stage's ctx (its first
+                          layer saves its input, as a Linear does) until its B, or its W: exact,
+                          the in-flight count of the stages that receive;
+    "pipeline.recv grad"  output gradients received for a B (gone after it), or for an I and kept
+                          until its W: exact;
+    "pipeline.send"       send buffers: an upper bound. A send is dropped at the first action
+                          boundary where it has completed; the rank *knows* it has once the
+                          receiver's action has started, and it learns that only from a message
+                          that left the receiver later (straight back, or through other ranks).
+                          That knowledge is traced here through the schedule (vector clocks); a
+                          send may complete sooner, so fewer may be held.
+
+    Counts are taken where the executor allocates each buffer (the peak of that kind)."""
+    ops = schedule.actions
+    where, hist = {}, []  # (sender, tag) -> (receiver, position of its action); rank's knowledge per action
+    for q, acts in enumerate(ops):
+        for k, a in enumerate(acts):
+            src = pairing(a, schedule)[0]
+            if src is not None and src[0] != q:
+                where[(src[0], src[1])] = (q, k)
+    steps, _ = lockstep(schedule)
+    know = [[-1] * schedule.stages for _ in ops]  # know[r][q]: q's last action r knows has started
+    carried = {}  # (sender, tag) -> what the sender knew when it sent
+    for _, r, k in sorted((t, r, k) for r, row in enumerate(steps) for k, t in enumerate(row)):
+        src, dst = pairing(ops[r][k], schedule)
+        if src is not None and src[0] != r:
+            know[r] = [max(u, v) for u, v in zip(know[r], carried[src])]
+        know[r][r] = k
+        if dst is not None and dst[0] != r:
+            carried[(r, dst[1])] = list(know[r])
+        if r == rank:
+            hist.append(list(know[r]))
+    sends = []  # (position of the sending action, position of the action after which it is dropped)
+    act, grad, peak = set(), set(), {"pipeline.recv act": 0, "pipeline.recv grad": 0, "pipeline.send": 0}
+    for k, a in enumerate(ops[rank]):
+        s, kind, i = a
+        src, dst = pairing(a, schedule)
+        if src is not None and src[0] != rank:
+            held = act if kind == "F" else grad
+            held.add((s, i))
+            name = "pipeline.recv act" if kind == "F" else "pipeline.recv grad"
+            peak[name] = max(peak[name], len(held))
+        if dst is not None and dst[0] != rank:
+            q, kr = where[(rank, dst[1])]
+            sends.append((k, next((j for j in range(k, len(hist)) if hist[j][q] >= kr), len(hist))))
+            peak["pipeline.send"] = max(peak["pipeline.send"], sum(1 for k1, k2 in sends if k1 <= k <= k2))
+        if kind in "BW":
+            act.discard((s, i))
+            grad.discard((s, i))
+    return peak
 
 
 def measured_bubble(events, p: int) -> float:

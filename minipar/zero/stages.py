@@ -53,7 +53,7 @@ class ZeRO1(Engine):
         for u, f in self.flats.items():
             self.P[u] = f.values(self.like, self.dtype)  # (n_pad,)
             f.bind("params", self.P[u])
-            self.ledger.track("params", self.P[u])
+            self.ledger.track("params", self.P[u], name="zero.flat params", label=u)
 
     def param_shard(self, u):
         return self.P[u][slice(*self.mine[u])]  # (S,) view
@@ -69,7 +69,7 @@ class ZeRO1(Engine):
         for u, f in self.flats.items():
             self.G[u] = zeros((f.n_pad,), like=self.like, dtype=self.dtype)
             f.bind("grads", self.G[u])
-            self.ledger.track("grads", self.G[u])
+            self.ledger.track("grads", self.G[u], name="zero.flat grads", label=u)
 
     def zero_grad(self):
         for G in self.G.values():
@@ -120,7 +120,7 @@ class ZeRO2(ZeRO1):
         self.G, self.Gs = {}, {}
         for u, f in self.flats.items():
             self.Gs[u] = zeros((f.shard,), like=self.like, dtype=self.dtype)  # (S,) kept
-            self.ledger.track("grads", self.Gs[u])
+            self.ledger.track("grads", self.Gs[u], name="zero.grad shard", label=u)
             f.unbind("grads")
 
     def zero_grad(self):
@@ -130,7 +130,7 @@ class ZeRO2(ZeRO1):
         if name in self.flats:  # a zero buffer for the layer to accumulate into
             self.G[name] = zeros((self.flats[name].n_pad,), like=self.like, dtype=self.dtype)
             self.flats[name].bind("grads", self.G[name])
-            self.ledger.track("grads", self.G[name])
+            self.ledger.track("grads", self.G[name], name="zero.unit grad", label=name)  # new every backward
         return ctx
 
     def after_backward(self, name):
@@ -193,7 +193,7 @@ class ZeRO3(ZeRO2):
         for u, f in self.flats.items():
             full = f.values(self.like, self.dtype)  # built once, dropped at the end of this loop
             self.Ps[u] = copy(full[slice(*self.mine[u])])  # (S,) the only copy kept
-            self.ledger.track("params", self.Ps[u])
+            self.ledger.track("params", self.Ps[u], name="zero.param shard", label=u)
             f.unbind("params")
 
     def param_shard(self, u):
@@ -211,7 +211,7 @@ class ZeRO3(ZeRO2):
         gen = ring_steps(self.comm, buf, tag=GATHER_TAG + self.index[u], phases=("all-gather",), name="all_gather:ring")
         next(gen, None)
         self.gathering[u] = (buf, gen)
-        self.ledger.track("params", buf)
+        self.ledger.track("params", buf, name="zero3.gathered", label=u)  # at most 2 alive with prefetch
 
     def gather(self, u):
         self.start_gather(u)
