@@ -84,12 +84,13 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def _example(text):
-    return {"epilog": "example:\n  " + text, "formatter_class": argparse.RawDescriptionHelpFormatter}
+def with_example(text, heading="example"):
+    """The keyword arguments of a parser whose ``--help`` ends with ``heading:`` and ``text``, kept as written."""
+    return {"epilog": f"{heading}:\n  " + text, "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="minipar", description=__doc__.split("\n\n")[0], **_example("minipar tour"))
+    p = Parser(prog="minipar", description=__doc__.split("\n\n")[0], **with_example("minipar tour"))
     p.add_argument("--watchdog", type=float, metavar="SECONDS",
                    help="abort a job blocked this long in one call, reporting every rank (default 60; 0 = off)")
     p.add_argument("--link", dest="emulate_link", metavar="NAME",
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(MINIPAR_LINK; see minipar/comm/link.py)")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
 
-    t = sub.add_parser("tour", help="run every lesson on real ranks and check it", **_example("minipar tour --backend torch"))
+    t = sub.add_parser("tour", help="run every lesson on real ranks and check it", **with_example("minipar tour --backend torch"))
     t.add_argument("-n", type=ranks, default=4, help="ranks (default 4)")
     t.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     t.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
@@ -106,17 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--only", help="run just this lesson (key or name)")
     t.set_defaults(func=lambda a: _call("minipar.tour", "main", a))
 
-    ls = sub.add_parser("lessons", help="list the lessons", **_example("minipar lessons"))
+    ls = sub.add_parser("lessons", help="list the lessons", **with_example("minipar lessons"))
     ls.set_defaults(func=cmd_lessons)
 
-    r = sub.add_parser("run", help="run a lesson on real ranks", **_example("minipar run -n 4 collectives --trace trace.json"))
+    r = sub.add_parser("run", help="run a lesson on real ranks", **with_example("minipar run -n 4 collectives --trace trace.json"))
     _run_options(r)
     rsub = r.add_subparsers(dest="lesson", metavar="LESSON", required=True)
     rc = lesson_run_parser(rsub, "collectives", "every from-scratch collective vs the builtin",
                            "minipar run -n 5 collectives --backend torch --trace trace.json")
     rc.set_defaults(func=cmd_run_collectives)
 
-    c = sub.add_parser("check", help="grade a lab exercise", **_example("minipar check 01 --task 1.3 --file labs/01_collectives/exercise.py"))
+    c = sub.add_parser("check", help="grade a lab exercise", **with_example("minipar check 01 --task 1.3 --file labs/01_collectives/exercise.py"))
     c.add_argument("lab", help="lab number, e.g. 01 (the labs: `minipar lessons`)")
     c.add_argument("--task", action="append", help="grade only this task (repeatable), e.g. 1.3")
     c.add_argument("--file", help="the exercise file to grade (default: the lab's exercise.py)")
@@ -124,10 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout", type=float, default=20.0, help="watchdog seconds per graded run (default 20)")
     c.set_defaults(func=lambda a: _call("minipar.labs.grader", "main", a))
 
-    b = sub.add_parser("bench", help="benchmarks: ours vs the engine's own", **_example("minipar bench collectives -n 4 --json bench.json"))
+    b = sub.add_parser("bench", help="benchmarks: ours vs the engine's own", **with_example("minipar bench collectives -n 4 --json bench.json"))
     bsub = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
     bc = bsub.add_parser("collectives", help="all-reduce algorithms vs the builtin: time, algbw, busbw",
-                         **_example("mpiexec -n 4 python -m mpi4py -m minipar bench collectives --json out.json"))
+                         **with_example("mpiexec -n 4 python -m mpi4py -m minipar bench collectives --json out.json"))
     bc.add_argument("-n", type=ranks, help="launch this many ranks with mpiexec (omit when already under mpiexec)")
     bc.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     bc.add_argument("--sizes", type=parse_size, nargs="+", metavar="SIZE",
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--plot", default="figures/collectives_busbw.png", help="figure path ('' to skip)")
     bc.set_defaults(func=lambda a: _call("minipar.bench.cli", "collectives", a))
 
-    f = sub.add_parser("figures", help="regenerate every figure from real runs and the models", **_example("minipar figures --only collectives"))
+    f = sub.add_parser("figures", help="regenerate every figure from real runs and the models", **with_example("minipar figures --only collectives"))
     f.add_argument("--out", default="figures")
     f.add_argument("--only", help="one lesson (key or name)")
     f.add_argument("--quick", action="store_true", help="smaller runs (for tests)")
@@ -193,7 +194,7 @@ def lesson_run_parser(run_subparsers, name, help, example, validate=None):
     can be known up front (a shape that does not split over ``-n`` ranks); ``main`` prints it
     as one line and exits 2. Any verb may set the same default (``set_defaults(validate=...)``).
     """
-    p = run_subparsers.add_parser(name, help=help, **_example(example))
+    p = run_subparsers.add_parser(name, help=help, **with_example(example))
     _run_options(p, lesson_level=True)
     p.set_defaults(validate=validate)
     return p

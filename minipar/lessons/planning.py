@@ -385,12 +385,11 @@ def bench_links(args) -> int:
 
 
 def add_bench_command(bench_subparsers):
-    import argparse
+    from ..cli import with_example
 
     p = bench_subparsers.add_parser(
         "links", help="DDP and TP under emulated links, measured vs the planner's prediction",
-        epilog="example:\n  minipar bench machine && minipar bench links --slowdown 200",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        **with_example("minipar bench machine && minipar bench links --slowdown 200"))
     p.add_argument("--links", nargs="+", default=["none", "nvlink", "pcie", "ethernet"],
                    choices=["none", *LINKS], help="links to emulate (none: the real transfer only)")
     p.add_argument("--slowdown", type=float, default=200.0, help="stretch every emulated link this much (default 200)")

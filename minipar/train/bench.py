@@ -147,12 +147,10 @@ def run(args) -> int:
 
 
 def add_bench(bench_subparsers):
-    import argparse
+    from ..cli import with_example
 
-    p = bench_subparsers.add_parser(
-        "train", help="tokens/s and MFU of every grid vs one process",
-        epilog="example:\n  minipar bench train --steps 3 --json bench_train.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_subparsers.add_parser("train", help="tokens/s and MFU of every grid vs one process",
+                                    **with_example("minipar bench train --steps 3 --json bench_train.json"))
     p.add_argument("--steps", type=int, default=3, help="timed steps per grid (after one warm-up)")
     p.add_argument("--batch", type=int, default=32, help="global batch in samples (default 32)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))

@@ -13,7 +13,6 @@ line naming the dimension, exit code 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -26,7 +25,9 @@ DEFAULT_MODEL = dict(vocab=96, d_model=64, n_heads=8, n_layers=8, seq_len=32)
 
 
 def _example(text):
-    return {"epilog": "examples:\n  " + text, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    from ..cli import with_example
+
+    return with_example(text, heading="examples")
 
 
 def add_grid_options(p):
