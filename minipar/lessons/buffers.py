@@ -39,7 +39,7 @@ from ..trace import merge
 from ..xp import chunk_bounds, copy, flat, itemsize
 from ..zero import ZeRO1, ZeRO2, ZeRO3
 from .collectives import draw
-from .data_parallel import DIMS, make_data, make_model, row, stepper, traced, uniform_model
+from .fixtures import DIMS, make_data, make_model, row, stepper, traced, uniform_model
 from .pipeline import run_one
 
 

@@ -38,7 +38,7 @@ from ..mixed_precision import NVMe
 from ..nn import mse_loss
 from ..xp import chunk_bounds, itemsize, to_numpy
 from ..zero import ZeRO, tiled_linear
-from .data_parallel import make_data, max_error, row, train, uniform_model
+from .fixtures import make_data, max_error, row, train, uniform_model
 
 TOL = 1e-12
 RAM_TOL = 0.05  # the engine's Python objects (a few KB) beside the state's bytes
