@@ -43,9 +43,8 @@ def main(args) -> int:
             print(err.output[-3000:])
         ran = time.perf_counter() - t0
         print(f"      checked {len(rows)} results in {ran:.1f} s; drawing figures ...", flush=True)
-        if ls.figures_module:
-            mod = importlib.import_module(ls.figures_module)
-            figures += mod.make(args.out, quick=True, backend=args.backend, device=device)
+        for module in ls.figures_modules:
+            figures += importlib.import_module(module).make(args.out, quick=True, backend=args.backend, device=device)
         took = time.perf_counter() - t0
         for j, r in enumerate(rows):
             table.append((ls.key + " " + ls.name if j == 0 else "", r, took if j == 0 else None))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 
+from . import pyplot
+
 RUNS = [("block", 2), ("block", 4), ("vocab", 2), ("vocab", 4)]
 QUICK = dict(sizes={"B": 4, "T": 16, "C": 32, "H": 64}, budget=1.0, reps=1)
 COLORS = {"Sample": "#4c72b0", "Attribute": "#55a868", "Parameter": "#c44e52", "Operator": "#8172b2",
@@ -52,10 +54,7 @@ def _depths(graph):
 
 
 def plot_strategy(reports, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     from ..autoparallel import build, build_program, plan
@@ -114,10 +113,7 @@ def plot_strategy(reports, path):
 
 
 def plot_sim_vs_measured(reports, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(7.2, 6.2))

@@ -16,8 +16,7 @@ import os
 import sys
 
 from ..launcher import launch
-from . import progress
-from .zero import _plt
+from . import progress, pyplot
 
 N = 4
 LESSON = "minipar.lessons.buffers"
@@ -26,7 +25,7 @@ LESSON = "minipar.lessons.buffers"
 def plot_per_rank(per_rank, reuse, path):
     """Left: per kind, one bar per rank (counted), a black tick per rank (formula). Right: the
     ring's time with the receive buffer reallocated every step over reused, vs message bytes."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
     kinds = list(per_rank[0]["bytes"])
     w = 0.8 / len(per_rank)
@@ -62,7 +61,7 @@ def plot_per_rank(per_rank, reuse, path):
 def plot_prefetch(res, path):
     """Two panels (without / with prefetch), per rank three lanes: compute (forward, backward),
     the ring all-gathers, and the lifetimes of the gathered buffers (two rows: units alternate)."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     colors = {"forward": "#4C72B0", "backward": "#55A868"}
     for ax, pf in zip(axes, (False, True)):

@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from ..launcher import launch
-from . import progress
+from . import progress, pyplot
 
 
 def plot_ring_steps(path, walk, title="Ring all-reduce on 4 ranks, step by step"):
@@ -18,10 +18,7 @@ def plot_ring_steps(path, walk, title="Ring all-reduce on 4 ranks, step by step"
     Each cell is one element of that rank's buffer; colour = which chunk it belongs to; a thick
     frame marks the chunk the rank has just received.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     p, bounds = len(walk), walk[0]["bounds"]
     n = len(walk[0]["input"])

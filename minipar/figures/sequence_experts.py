@@ -19,7 +19,8 @@ import sys
 
 import numpy as np
 
-from .zero import _plt
+from . import pyplot
+
 
 N = 4
 
@@ -28,7 +29,7 @@ def _save(fig, path):
     """Lay out, write and close ``fig``; returns ``path``."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -36,7 +37,7 @@ def plot_ring_steps(schedule, path, p=N):
     """schedule[r] = [(step, kv owner)] of rank r: a rank x step grid, each cell the owner."""
     from ..context_parallel import SeqLayout
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     cmap = plt.get_cmap("tab10")
     lay = SeqLayout(4 * p, p, "zigzag")
@@ -56,7 +57,7 @@ def plot_ring_steps(schedule, path, p=N):
 
 def plot_balance(balance, path):
     """balance[r][kind] = {"regions", "busy", "wall"}: timelines of both splits, busy-time bars."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2, 2, 1.2]})
     kinds = ("contiguous", "zigzag")
     for ax, kind in zip(axes, kinds):
@@ -84,7 +85,7 @@ def plot_balance(balance, path):
 
 def plot_dispatch(dispatch, path):
     """dispatch[r] = {"kept", "routed", "capacity"}: the rank x expert matrix of one dispatch."""
-    plt = _plt()
+    plt = pyplot()
     kept = np.array([d["kept"] for d in dispatch])
     routed = np.array([d["routed"] for d in dispatch])
     p, E = kept.shape
@@ -109,7 +110,7 @@ def plot_dispatch(dispatch, path):
 
 def plot_tokens_per_expert(training, path):
     """training[aux_weight] = train(...) output: routed tokens per expert per step."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(training), figsize=(11, 3.8), sharey=True)
     for ax, (w, run) in zip(axes, sorted(training.items())):
         routed = np.array([s["routed"] for s in run["steps"]])  # (steps, E)

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from .zero import _plt
+from . import pyplot
 
 N = 8
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ ACTION_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D96A"}
 def _save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return str(path)
 
 
@@ -47,7 +47,7 @@ def short(label):
 
 def plot_curves(data, path):
     """Loss per step of every grid over the one-process curve; below, |grid - one process| / one process."""
-    plt = _plt()
+    plt = pyplot()
     ref = np.array(data["reference"])
     steps = np.arange(1, len(ref) + 1)
     fig, (ax, dx) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
@@ -75,7 +75,7 @@ def plot_curves(data, path):
 
 def plot_memory(data, path):
     """Per grid, the busiest rank's activation peak per recompute mode: measured bars, formula ticks."""
-    plt = _plt()
+    plt = pyplot()
     mem = data["memory"]
     names = list(mem)
     modes = [m for m in MODE_COLORS if any(m in mem[n] for n in names)]
@@ -115,7 +115,7 @@ def plot_timeline(data, path):
 
     from ..trace import comm_lanes
 
-    plt = _plt()
+    plt = pyplot()
     ev = data["trace"]
     lane_of = comm_lanes(ev)
     ranks = sorted({e.rank for e in ev})
@@ -156,7 +156,7 @@ def plot_timeline(data, path):
 
 def plot_tokens_per_s(bench, path):
     """Tokens/s of every grid in one ``minipar bench train`` run, against its one-process baseline."""
-    plt = _plt()
+    plt = pyplot()
     rows = bench["rows"]
     base = rows[0]["tokens_per_s"]
     fig, ax = plt.subplots(figsize=(11, 4.6))
