@@ -53,7 +53,7 @@ LESSONS = [
            packages=("minipar.tensor_parallel",), run="tensor_parallel",
            grader="minipar.labs.lab02", solution="minipar.labs.lab02_solution"),
     Lesson("03", "pipeline", "Pipeline parallelism: naive, GPipe, 1F1B, interleaved, zero-bubble; bubbles measured",
-           "minipar.lessons.pipeline:tour", ("minipar.figures.pipeline",),
+           "minipar.lessons.pipeline:tour", ("minipar.figures.pipeline", "minipar.figures.pipeline_async"),
            "labs/03_pipeline", "notebooks/03_pipeline.ipynb",
            ("pipeline_schedules.png", "pipeline_measured_vs_simulated.png", "bubble_vs_microbatches.png",
             "pipeline_memory.png", "pipeline_async.png"),

@@ -102,7 +102,7 @@ def run_schedule(args) -> int:
                       f, indent=1)
         print(f"wrote {args.json}")
     if args.plot:
-        from .plot import save_timeline
+        from ..figures.pipeline import save_timeline
         print(f"wrote {save_timeline(args.plot, sim)}")
     return 0
 
