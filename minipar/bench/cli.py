@@ -65,6 +65,8 @@ def collectives(args) -> int:
                 json.dump(result["records"], f, indent=1)
             print(f"wrote {args.json}")
         if args.plot:
+            from ..figures.collectives import plot_busbw
+
             os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
-            print(f"wrote {B.plot(result, args.plot)}")
+            print(f"wrote {plot_busbw(result, args.plot)}")
     return 0
