@@ -15,11 +15,12 @@ import json
 import os
 import sys
 
+from ..bench.buffers import reuse_cost
 from ..launcher import launch
+from ..lessons.buffers import per_rank, prefetch_timeline
 from . import progress, pyplot
 
 N = 4
-LESSON = "minipar.lessons.buffers"
 
 
 def plot_per_rank(per_rank, reuse, path):
@@ -105,11 +106,21 @@ def plot_prefetch(res, path):
     return str(path)
 
 
+def figure_runs(comm, quick=False):
+    """Rank side: everything the buffer figures draw, in one launch: ``per_rank`` (gathered to
+    rank 0), ``reuse_cost`` (the benchmark) and ``prefetch_timeline`` (smaller with ``quick``)."""
+    per = comm.builtin.allgather_object({k: v for k, v in per_rank(comm).items() if k != "rows"})
+    sizes = (1 << 10, 1 << 14, 1 << 18) if quick else (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
+    reuse = reuse_cost(comm, sizes=sizes, pairs=2 if quick else 7, calls=4 if quick else None)
+    pf = prefetch_timeline(comm, **(dict(units=4, width=32, batch=32, steps=1) if quick else {}))
+    return {"per_rank": per, "reuse": reuse, "prefetch": pf}
+
+
 def measure(quick=False):
     """Every number behind the figures (the timeline's events kept for the plot), one launch."""
     progress(f"named buffers counted, the ring's receive buffer reused vs reallocated, ZeRO-3 with and "
              f"without prefetch traced, on {N} ranks")
-    m = launch(N, f"{LESSON}:figure_runs", quiet=True, quick=quick).results[0]
+    m = launch(N, "minipar.figures.buffers:figure_runs", quiet=True, quick=quick).results[0]
     pf = m["prefetch"]
     pf["units_odd"] = [u for k, u in enumerate(pf["unit_names"]) if k % 2]
     return m

@@ -7,7 +7,7 @@ Timelines (Gantt), bubble curves and activation memory of the schedules in
 ``minipar.pipeline``. Costs: F = 1, B = 2 (I = W = 1 for zb-h1), i.e. time is counted in units
 of one forward pass of one rank's share of the model on one micro-batch.
 
-The measured figures launch 4 ranks once (:func:`minipar.lessons.pipeline.figure_runs`):
+The measured figures launch 4 ranks once (:func:`figure_runs`):
 a traced 1F1B run drawn above its simulation with the costs measured in it, and measured bubble
 fractions over the theory curves. Synchronous vs asynchronous pipelines are
 :mod:`minipar.figures.pipeline_async`'s.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from ..lessons.pipeline import profile
 from ..pipeline import Costs, gpipe, make_schedule, one_f_one_b, simulate, theory_bubble_fraction
 from . import progress, pyplot
 
@@ -211,6 +212,17 @@ def plot_measured_vs_simulated(path, measured, simulated, note: str = ""):
     return path
 
 
+def figure_runs(comm, ms=(2, 4, 8), width=256, b=64, repeats=2):
+    """Rank side: everything the pipeline figures measure on 4 ranks, in one launch: a traced
+    1F1B (m=8) run with its measured costs (:func:`minipar.lessons.pipeline.profile`), and the
+    measured bubble of gpipe and 1f1b for each m in ``ms``. Returned on rank 0 (None elsewhere)."""
+    kw = dict(width=width, b=b, repeats=repeats)
+    out = {"timeline": profile(comm, "1f1b", 8, events=True, **kw),
+           "bubbles": {k: [(m, profile(comm, k, m, **kw)["measured_bubble_fraction"]) for m in ms]
+                       for k in ("gpipe", "1f1b")}}
+    return out if comm.rank == 0 else None
+
+
 def make(outdir, quick=False, backend="mpi", device=None):
     from ..launcher import launch
     from ..pipeline.execute import trace_timeline
@@ -223,7 +235,7 @@ def make(outdir, quick=False, backend="mpi", device=None):
     kw = dict(ms=(2, 8), width=256, b=32, repeats=2) if quick else \
         dict(ms=(1, 2, 4, 8, 16), width=512, b=128, repeats=3)
     progress(f"1F1B timeline, GPipe and 1F1B bubbles for m = {', '.join(map(str, kw['ms']))}, on 4 ranks")
-    data = launch(4, "minipar.lessons.pipeline:figure_runs", backend=backend, device=device,
+    data = launch(4, "minipar.figures.pipeline:figure_runs", backend=backend, device=device,
                   quiet=True, **kw).results[0]
     run = data["timeline"]
     sched = make_schedule(run["schedule"], run["stages"], run["microbatches"])

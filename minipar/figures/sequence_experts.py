@@ -1,4 +1,4 @@
-"""Figures of lesson 6 from one real run on 4 ranks (``minipar.lessons.sequence_experts:figure_runs``).
+"""Figures of lesson 6 from one real run on 4 ranks (:func:`figure_runs`).
 
     minipar figures --only 06        # or: python -m minipar.figures.sequence_experts figures/
 
@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 
+from ..lessons import context_parallel, experts
 from . import pyplot
 
 
@@ -145,11 +146,23 @@ def numbers(res):
     return out
 
 
+def figure_runs(comm, quick=False):
+    """Rank side: everything the lesson's figures draw, from one launch: the ring's steps, zigzag vs
+    contiguous busy time, one dispatch, and tokens per expert over EP training without and with
+    the load-balancing loss."""
+    steps, tokens, T, hs = (4, 16, 32, 32) if quick else (40, 32, 256, 64)
+    return {"ring": context_parallel.ring_schedule(comm),
+            "balance": context_parallel.balance(comm, T=T * comm.size, hs=hs),
+            "dispatch": experts.dispatch_matrix(comm),
+            "training": {w: experts.train(comm, steps=steps, n_tokens=tokens, aux_weight=w, lr=0.2)
+                         for w in (0.0, 0.3)}}
+
+
 def make(outdir, quick=False, backend="mpi", device=None):
     from ..launcher import launch
 
     os.makedirs(outdir, exist_ok=True)
-    res = launch(N, "minipar.lessons.sequence_experts:figure_runs", backend=backend, device=device,
+    res = launch(N, "minipar.figures.sequence_experts:figure_runs", backend=backend, device=device,
                  quiet=True, quick=quick).results
     j = lambda name: os.path.join(outdir, name)  # noqa: E731
     with open(j("sequence_experts_numbers.json"), "w") as f:
