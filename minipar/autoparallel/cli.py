@@ -87,7 +87,7 @@ def cmd_search(args) -> int:
 
     where = f"{args.ranks} ranks, mesh {'x'.join(map(str, mesh))}, {args.backend}, {args.dtype}, {args.clock} clock"
     print(f"minipar search: model {args.model} on {where}", flush=True)
-    out = launch(args.ranks, "minipar.autoparallel.bench:compare", backend=args.backend, quiet=False,
+    out = launch(args.ranks, "minipar.bench.autoparallel:compare", backend=args.backend, quiet=False,
                  model=args.model, mesh=mesh, budget=args.budget, reps=args.reps, dtype=args.dtype, seed=args.seed,
                  recalibrate=args.recalibrate, sizes=sizes, verbose=True, clock=args.clock)
     report = out.results[0]

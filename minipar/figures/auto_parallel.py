@@ -10,7 +10,7 @@ auto_parallel_strategy.png        the operator graph of each model, every operat
 auto_parallel_sim_vs_measured.png predicted vs measured step time of every strategy (hand-written
                                   and found), on 2 and 4 ranks, with the +-20% band
 
-Runs come from ``minipar.autoparallel.bench.compare`` (the same as ``minipar search``); the
+Runs come from ``minipar.bench.autoparallel.compare`` (the same as ``minipar search``); the
 full set is written beside the figures as ``auto_parallel_runs.json``.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ def collect(quick=False, backend="mpi", device=None, budget=10.0):
     for model, n in runs:
         kw = dict(QUICK, sizes={**QUICK["sizes"], **({"n_heads": 2} if model == "block" else {"V": 256})}) if quick \
             else dict(budget=budget, reps=5)
-        out.append(launch(n, "minipar.autoparallel.bench:compare", backend=backend, device=device, quiet=True,
+        out.append(launch(n, "minipar.bench.autoparallel:compare", backend=backend, device=device, quiet=True,
                           model=model, cache=not quick, **kw).results[0])
     return out
 
