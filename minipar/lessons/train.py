@@ -209,7 +209,7 @@ def check_accounting(comm, configs, mutant=None):
 def cp_table(comm, cps=(1, 2, 4), tp=1, attention="ring", microbatches=1):
     """The documented model (docs/train.md) on dp1 pp1 cp tp for each cp: rank 0's activation
     peak and bytes per step over cp, tp and dp, measured and predicted, from one traced step."""
-    from ..train.cli import DEFAULT_MODEL
+    from ..train.config import DEFAULT_MODEL
 
     out = []
     for cp in cps:

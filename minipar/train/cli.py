@@ -17,11 +17,9 @@ import json
 import sys
 
 from ..errors import UsageError
+from .config import DEFAULT_MODEL
 from .model import GPTConfig
 from .trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
-
-# the documented model: the sorting task, ~400k parameters (docs/train.md)
-DEFAULT_MODEL = dict(vocab=96, d_model=64, n_heads=8, n_layers=8, seq_len=32)
 
 
 def _example(text):
@@ -93,7 +91,7 @@ def add_commands(subparsers):
 
 
 def add_bench_command(bench_subparsers):
-    from .bench import add_bench
+    from ..bench.train import add_bench
 
     add_bench(bench_subparsers)
 
