@@ -12,10 +12,11 @@ One run, so that every ratio is taken under the same conditions:
 2. every grid of ``minipar bench train`` (``minipar.bench.train.GRIDS``: every 8-rank
    factorization, and 1, 2 and 4 ranks) trains the documented GPT for ``--steps`` steps after a
    warm-up, each grid its own mpiexec job; the step time is the slowest rank's mean;
-3. ``minipar.plan.predict.predict_run`` predicts each grid from that preset alone: nothing is fitted to the
-   runs. It is printed twice: with the oversubscription model (ranks > cores compute at
-   cores/ranks of a core's rate, and their messages cost what a ring step costs with that many
-   ranks running) and without it (every rank its own core, the two-rank ping-pong's alpha).
+3. ``minipar.plan.predict.predict_run`` predicts each grid from that preset alone: nothing is
+   fitted to the runs. It is printed twice: with the oversubscription model (ranks > cores
+   compute at cores/ranks of a core's rate, and their messages cost what a ring step costs with
+   that many ranks running) and without it (every rank its own core, the two-rank ping-pong's
+   alpha).
 
 Memory: the trainer counts the bytes every rank holds (its engine's ledger, the activations
 between pipeline actions); the planner's model applied to the same GPT (``models.minipar_gpt``)
