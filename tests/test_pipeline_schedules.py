@@ -209,7 +209,7 @@ def test_simulate_reports_deadlock_without_validation():
 
 
 def test_import_stays_light():
-    code = ("import sys, minipar.pipeline, minipar.pipeline.plot, minipar.pipeline.cli; "
+    code = ("import sys, minipar.pipeline, minipar.pipeline.plot, minipar.cli.pipeline; "
             "bad = {'torch', 'matplotlib'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -217,7 +217,7 @@ def test_import_stays_light():
 # ---------------------------------------------------------------- CLI and plots
 
 def run_cli(*argv):
-    from minipar.pipeline.cli import add_schedule_command
+    from minipar.cli.pipeline import add_schedule_command
     parser = argparse.ArgumentParser(prog="minipar")
     add_schedule_command(parser.add_subparsers())
     args = parser.parse_args(["schedule", *argv])
