@@ -114,7 +114,9 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
     the shape of the activation entering stage s+1. dtype: of the activations and gradients
     (default: that of the micro-batches). pairing(action, schedule) -> (recv, send), each a
     (rank, tag) or None: who each message comes from and goes to (default :func:`peer_and_tag`;
-    lab 03 grades a learner's by running it here). Gradients accumulate into the modules.
+    lab 03 grades a learner's by running it here). check: validate the schedule first (a schedule
+    that passed is not checked again while unchanged: the trainer's later steps pay one comparison
+    here). Gradients accumulate into the modules.
     after_action(action, held): called after every action with ``held`` = {"ctx": the forward
     contexts, "dy": the output gradients kept for W}, what this rank holds for its backwards
     (the trainer counts activation memory there).
