@@ -24,7 +24,7 @@ from .calibrate import CLOCKS, calibrate
 from .execute import Executor
 from .graph import describe, hand_written, space
 from .models import build
-from .placement import Mesh
+from .sharding import Mesh
 from .search import decode, encode, mcmc
 from .simulate import Simulator
 

@@ -30,8 +30,8 @@ import itertools
 import numpy as np
 
 from ..autoparallel import (Executor, Mesh, Partial, R, P, Shard, assemble, build, fmt, hand_written,
-                            local_block, plan, predicted_bytes, redistribute, space, step_bytes)
-from ..autoparallel.placement import local_shape
+                            local_block, predicted_bytes, redistribute, redistribution_steps, space, step_bytes)
+from ..autoparallel.sharding import local_shape
 from ..trace import bytes_sent
 from ..xp import chunk_bounds, to_numpy
 from .common import merge_rows as summarize  # noqa: F401  (re-exported for tests)
@@ -78,7 +78,7 @@ def check_redistribute(ch, comm, mesh_shape, shapes, seed=0):
                 sent = bytes_sent(comm.tracer.events[start:], comm.world_rank(comm.rank))
                 comm.tracer.enabled = was
                 del comm.tracer.events[start:]
-                want_b = sum(step_bytes(s, shape, mesh_shape, mesh.coords, item) for s in plan(src, dst))
+                want_b = sum(step_bytes(s, shape, mesh_shape, mesh.coords, item) for s in redistribution_steps(src, dst))
                 if sent != want_b:
                     wrong_bytes.append(f"{fmt(src)}->{fmt(dst)} sent {sent} B, formula {want_b} B")
         # the reference: gather everything (the engine's transport, not ours), assemble, cut out
