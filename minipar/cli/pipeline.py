@@ -85,7 +85,7 @@ def cmd_schedule(args) -> int:
         print(f"minipar schedule: error: {err}", file=sys.stderr)
         return 2
     sim = simulate(schedule, costs)
-    theory = theory_bubble_fraction(schedule.name, schedule.stages, schedule.microbatches,
+    theory = theory_bubble_fraction(schedule.name, schedule.ranks, schedule.microbatches,
                                     schedule.chunks)
     print(format_grid(schedule))
     print()
@@ -99,7 +99,7 @@ def cmd_schedule(args) -> int:
     print(f"bubble (theory):     {_show(theory)}  [F=1, B=2 (I=W=1)]")
     print(f"peak in-flight activations per rank: {sim.peak_inflight}")
     if args.json:
-        write_json(args.json, {"schedule": schedule.name, "stages": schedule.stages,
+        write_json(args.json, {"schedule": schedule.name, "stages": schedule.ranks,
                                "microbatches": schedule.microbatches, "chunks": schedule.chunks,
                                "actions": schedule.as_strings(),
                                "bubble_fraction": float(sim.bubble_fraction),
