@@ -148,15 +148,3 @@ def run(args) -> int:
                        "decode_s_per_token": decode}, f, indent=1)
         print(f"wrote {args.json}")
     return 0
-
-
-def add_bench(bench_subparsers):
-    from ..cli import with_example
-
-    p = bench_subparsers.add_parser("train", help="tokens/s and MFU of every grid vs one process",
-                                    **with_example("minipar bench train --steps 3 --json bench_train.json"))
-    p.add_argument("--steps", type=int, default=3, help="timed steps per grid (after one warm-up)")
-    p.add_argument("--batch", type=int, default=32, help="global batch in samples (default 32)")
-    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
-    p.add_argument("--json", metavar="FILE")
-    p.set_defaults(func=run)

@@ -15,7 +15,7 @@
     generate.py   greedy decoding with a KV cache on a TP group
     accounting.py activation memory and bytes per step: the formulas the runs must equal
     mutants.py    the planted bugs the checks must catch
-    cli.py        the train and generate verbs (``minipar bench train``: ``minipar.bench.train``)
+    (the verbs: ``minipar.cli.train``; ``minipar bench train``: ``minipar.bench.train``)
     torch_oracle.py  the same GPT in torch autograd (the oracle of the tests)
 
 docs/train.md derives every formula; docs/benchmarks_train.md has the measurements.
