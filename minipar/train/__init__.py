@@ -9,7 +9,8 @@
     config.py     TrainConfig (the grid dp x pp x cp x tp, schedule, model, data) and check_shapes
     trainer.py    the step composing TP layers, CP attention, experts, the pipeline executor and
                   the DP/ZeRO engine
-    checkpoint.py sharded checkpoints that reshard onto any grid
+    checkpoint.py sharded checkpoints that reshard onto any grid: reading, checking, resuming
+    saving.py     writing one: the folder's lock, a checksum per shard, renames a kill survives
     generate.py   greedy decoding with a KV cache on a TP group
     accounting.py activation memory and bytes per step: the formulas the runs must equal
     mutants.py    the planted bugs the checks must catch
