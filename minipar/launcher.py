@@ -187,7 +187,12 @@ def rank_env(env=None) -> dict:
 def this_process() -> str:
     """``pid 123 on host: command line``: who started a job, in one line (a checkpoint's lock
     names its holder this way)."""
-    return f"pid {os.getpid()} on {socket.gethostname()}: {shlex.join(sys.argv)}"
+    program, *args = sys.argv or [""]
+    if os.path.basename(program) == "__main__.py":  # python -m package
+        command = ["python", "-m", os.path.basename(os.path.dirname(program))]
+    else:
+        command = [os.path.basename(program)]
+    return f"pid {os.getpid()} on {socket.gethostname()}: {shlex.join(command + args)}"
 
 
 def run_streaming(cmd, limit: float, echo: bool = True, env=None):
@@ -201,11 +206,12 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 bufsize=1, env=env, start_new_session=True)
         lines: list[str] = []
+        stopping = threading.Event()  # from then on, mpiexec's "BAD TERMINATION" banner is not echoed
 
         def pump():
             for line in proc.stdout:
                 lines.append(line)
-                if echo:
+                if echo and not stopping.is_set():
                     sys.stdout.write(line)
                     sys.stdout.flush()
 
@@ -214,10 +220,12 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
         try:
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
+            stopping.set()
             stop(proc)
             lines.append(f"minipar: job killed after {limit:g} s (hard time limit)\n")
             code = 124
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP, or any error here: no rank outlives the call
+            stopping.set()
             stop(proc)
             raise
         reader.join(timeout=5)
