@@ -268,7 +268,7 @@ SIGNALLED = [
 @pytest.mark.mpi
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("argv,sig", SIGNALLED)
-def test_sigterm_and_sighup_end_every_rank_and_leave_nothing(argv, sig, private_tmp, tmp_path):
+def test_a_signal_ends_every_rank_and_leaves_nothing(argv, sig, private_tmp, tmp_path):
     """A CI cancelling, ``timeout``, a closed terminal: the command's ranks end with it, its launch
     folder and hydra's file go, and its exit status is the signal's."""
     if "torch" in argv and not has_torch():

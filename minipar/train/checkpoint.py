@@ -21,10 +21,11 @@ range: nothing in it depends on dp, cp or the expert placement, so any grid can 
 
 Writing (``saving.py``, below the trainer, whose loop saves): one writer per folder (a lock), a
 checksum per file, and an order of renames that a kill at any moment survives. Reading (here):
-``latest``, or the newest complete step when ``latest`` names none (a save killed before it wrote
-it); each file checked against its checksum before it is read; a piece or a tensor whose shape
-is not what the index or the model says is named. Every such problem is a ``UsageError``: one
-line, naming the folder or the file.
+``latest``, or the newest complete step when ``latest`` names none (a save killed before it
+wrote it); every file checked against its checksum first (``read_index``, which the command line
+calls before launching: a damaged file is refused before any rank starts); a piece or a tensor
+whose shape is not what the index or the model says is named. Every such problem is a
+``UsageError``: one line, naming the folder or the file.
 
 Resharding: a loading rank rebuilds each global tensor from the pieces (undoing the TP cut),
 builds the dense GPT from them, and slices its own stages out of it exactly as at the start of
@@ -67,7 +68,8 @@ def uncut(shards, axis, blocks):
 
 def read_index(directory):
     """(the checkpoint's directory, its index) for a checkpoint folder (the step its ``latest``
-    names, else its newest complete step) or a step's own folder."""
+    names, else its newest complete step) or a step's own folder; every file checked against
+    its checksum first (:func:`verify`), so a damaged one is refused before any rank starts."""
     if not os.path.isdir(directory):
         raise UsageError(f"{directory}: no such checkpoint folder")
     if not os.path.exists(os.path.join(directory, "index.json")):
@@ -76,6 +78,7 @@ def read_index(directory):
         index = json.load(f)
     if index.get("format") not in READABLE:
         raise UsageError(f"{directory}: not a minipar checkpoint ({index.get('format')!r})")
+    verify(directory, index)
     return directory, index
 
 
@@ -97,35 +100,34 @@ def newest(directory) -> str:
     return os.path.join(directory, steps[-1][2])
 
 
-def verify(path, fname, index):
-    """Raise UsageError, naming the file, if ``path/fname`` is not the file the index recorded."""
-    want = index.get("files", {}).get(fname)
-    if want is None:
-        if index["format"] == FORMAT:
-            raise UsageError(f"{os.path.join(path, fname)}: not listed in the checkpoint's index")
-        return  # an index written before the checksums
-    with open(os.path.join(path, fname), "rb") as f:
-        data = f.read()
-    got = hashlib.sha256(data).hexdigest()
-    if len(data) != want["bytes"] or got != want["sha256"]:
-        raise UsageError(f"{os.path.join(path, fname)}: damaged: {len(data)} bytes with sha256 {got[:16]}..., the "
-                         f"index recorded {want['bytes']} bytes with sha256 {want['sha256'][:16]}...; "
-                         f"load another checkpoint")
+def verify(path, index):
+    """Raise UsageError, naming the file, for a file of ``path`` that is not the one the index
+    recorded (its size and sha256), or one it does not record at all."""
+    if index["format"] != FORMAT:
+        return  # written before the checksums
+    files = index["files"]
+    unlisted = sorted({pc["file"] for pieces in index["tensors"].values() for pc in pieces} - set(files))
+    if unlisted:
+        raise UsageError(f"{os.path.join(path, unlisted[0])}: holds pieces, but the index records no checksum of it")
+    for fname, want in files.items():
+        try:
+            with open(os.path.join(path, fname), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise UsageError(f"{os.path.join(path, fname)}: missing from the checkpoint") from None
+        got = hashlib.sha256(data).hexdigest()
+        if len(data) != want["bytes"] or got != want["sha256"]:
+            raise UsageError(f"{os.path.join(path, fname)}: damaged: {len(data)} bytes with sha256 {got[:16]}..., "
+                             f"the index recorded {want['bytes']} bytes with sha256 {want['sha256'][:16]}...; "
+                             f"load another checkpoint")
 
 
 def load_full(directory):
     """{kind: {dense name: global array}} for kind in param, m, v: every cut undone."""
     from safetensors import safe_open
 
-    path, index = read_index(directory)
+    path, index = read_index(directory)  # every file checked against its checksum
     handles = {}
-
-    def opened(fname):
-        if fname not in handles:
-            verify(path, fname, index)
-            handles[fname] = safe_open(os.path.join(path, fname), "np")
-        return handles[fname]
-
     out = {"param": {}, "m": {}, "v": {}}
     for tensor, pieces in index["tensors"].items():
         for kind in out:
@@ -140,7 +142,9 @@ def load_full(directory):
                 flat = np.empty(int(np.prod(shape)))
                 covered = 0
                 for pc in parts:
-                    a = opened(pc["file"]).get_tensor(pc["key"]).reshape(-1)
+                    f = handles.get(pc["file"]) or handles.setdefault(
+                        pc["file"], safe_open(os.path.join(path, pc["file"]), "np"))
+                    a = f.get_tensor(pc["key"]).reshape(-1)
                     lo, hi = pc["range"] or (0, flat.size)
                     if a.size != hi - lo:
                         raise UsageError(f"{kind} {tensor} (TP shard {r} of {p}) in {os.path.join(path, pc['file'])}: "
