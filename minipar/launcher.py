@@ -180,7 +180,7 @@ def rank_env(env=None) -> dict:
         env.setdefault(var, "1")
     for var in RENDEZVOUS:
         env.pop(var, None)
-    env.setdefault("MINIPAR_JOB", this_process())
+    env["MINIPAR_JOB"] = this_process()
     return env
 
 
