@@ -203,9 +203,7 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
     it and leaves nothing behind (:func:`stop`).
     """
     with ending_on_signals():
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1, env=env, start_new_session=True)
-        lines: list[str] = []
+        proc, lines = None, []
         stopping = threading.Event()  # from then on, mpiexec's "BAD TERMINATION" banner is not echoed
 
         def pump():
@@ -215,9 +213,12 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
                     sys.stdout.write(line)
                     sys.stdout.flush()
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
         try:
+            with _held_signals():  # a signal while mpiexec starts waits until it can be stopped
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        bufsize=1, env=env, start_new_session=True)
+                reader = threading.Thread(target=pump, daemon=True)
+                reader.start()
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             stopping.set()
@@ -226,7 +227,8 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
             code = 124
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP, or any error here: no rank outlives the call
             stopping.set()
-            stop(proc)
+            if proc is not None:
+                stop(proc)
             raise
         reader.join(timeout=5)
         return code, "".join(lines)
