@@ -14,7 +14,7 @@
     generate.py   greedy decoding with a KV cache on a TP group
     accounting.py activation memory and bytes per step: the formulas the runs must equal
     mutants.py    the planted bugs the checks must catch
-    cli.py        the train and generate verbs;  bench.py: ``minipar bench train``
+    bench.py      ``minipar bench train`` (its verbs, with train and generate: minipar/cli/train.py)
     torch_oracle.py  the same GPT in torch autograd (the oracle of the tests)
 
 docs/train.md derives every formula; docs/benchmarks_train.md has the measurements.
