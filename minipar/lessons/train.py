@@ -277,7 +277,7 @@ def check_checkpoint_cases(comm, directory, cases):
 def save_then_crash(comm, directory):
     """Train 2 steps saving after each; the second save dies after writing its shards and index
     but before its rename (the job aborts): the first checkpoint must stay the loadable one."""
-    from ..train.checkpoint import save
+    from ..train.saving import save
     from ..train.trainer import train
 
     cfg = make_config(steps=1)

@@ -11,12 +11,13 @@
     trainer.py    the step composing TP layers, CP attention, experts, the pipeline executor and
                   the DP/ZeRO engine; the one-process reference
     experts.py    the mixture-of-experts bookkeeping: expert units, what the MoE layers report
-    checkpoint.py sharded checkpoints that reshard onto any grid
+    checkpoint.py sharded checkpoints that reshard onto any grid: reading, checking, resuming
+    saving.py     writing one: the folder's lock, a checksum per shard, renames a kill survives
     generate.py   greedy decoding with a KV cache on a TP group
     accounting.py activation memory and bytes per step: the formulas the runs must equal
     mutants.py    the planted bugs the checks must catch
-    (the verbs: ``minipar.cli.train``; ``minipar bench train``: ``minipar.bench.train``)
     torch_oracle.py  the same GPT in torch autograd (the oracle of the tests)
+    (the verbs: ``minipar.cli.train``; ``minipar bench train``: ``minipar.bench.train``)
 
 docs/train.md derives every formula; docs/benchmarks_train.md has the measurements.
 """
