@@ -8,19 +8,12 @@ course registry, or the shared harness. The only argument parser allowed is the 
 import ast
 import pathlib
 
-import pytest
-
 from minipar.course import LESSONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LESSONS_DIR = ROOT / "minipar" / "lessons"
 SHARED = {"__init__", "common", "fixtures"}  # the package, the check harness, lesson 04's models and data
 ENTRY = "main"  # python -m minipar.lessons.X: the mpiexec entry
-
-# the verbs (``add_run_command`` ...) are defined in minipar/lessons/ for as long as the command line is the
-# one module minipar/cli.py; with the minipar/cli/ package they are its, and these rules hold strictly
-VERBS_IN_LESSONS = pytest.mark.xfail(not (ROOT / "minipar" / "cli").is_dir(), strict=True,
-                                     reason="minipar/cli/ is not a package: the lessons' verbs are still in minipar/lessons/")
 
 
 def modules():
@@ -73,7 +66,6 @@ def uses(packages, target, call=None):
     return found
 
 
-@VERBS_IN_LESSONS
 def test_no_lesson_module_registers_a_verb():
     found = []
     for path in modules():
@@ -96,7 +88,6 @@ def test_no_lesson_module_draws_a_figure():
     assert not found, "a lesson driver draws no figure (minipar/figures does):\n" + "\n".join(found)
 
 
-@VERBS_IN_LESSONS  # the offload and links verbs import their benchmarks
 def test_no_lesson_module_runs_a_benchmark():
     found = uses(("minipar.bench",), "minipar.bench.")
     assert not found, "a lesson driver runs no benchmark (minipar/bench does):\n" + "\n".join(found)

@@ -10,7 +10,8 @@
 The checks: the planner reproduces the ZeRO paper's memory table cell for cell and Korthikanti
 et al.'s activation formulas; an emulated link (``minipar.comm.link``) really delays the
 messages: the rank sleeps at least the link's alpha + n beta for what it sent (counted from the
-trace), and the data still arrives intact (a delay, not a replacement).
+trace), and the data still arrives intact (a delay, not a replacement). ``check_memory``: the
+planner's bytes per rank equal what lesson 05's trainer counts on its ranks, to the byte.
 
 ``feel_ddp`` and ``feel_tp`` are the measured halves of seed 003's two lessons about links:
 DDP with and without NVLink, and tensor parallelism losing across a slow link. ``feel`` runs
@@ -28,7 +29,6 @@ from .. import nn
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..comm.link import ENV, LINKS, QUANTUM, SLOWDOWN_ENV
 from ..xp import chunk_bounds
-from .common import merge_rows as summarize
 from .common import rel_error
 
 # ZeRO (Rajbhandari et al. 2020), Table 1: GB per device, model states only; columns
@@ -316,6 +316,33 @@ def two_level_predicted(n, per_node=2, nbytes=1 << 23, intra_link="nvlink", inte
 # --------------------------------------------------------------------------- the tour
 
 
+def check_memory(comm, configs) -> list[dict]:
+    """Rows: for each configuration (TrainConfig fields; the model ``SMALL``-sized unless given)
+    one training step on the first dp*pp*tp ranks, the counted memory of every rank against the
+    planner's (``plan.predict.predict_run``), byte for byte. The same on every rank."""
+    from ..plan.hardware import this_machine
+    from ..plan.predict import memory_errors, predict_run
+    from ..train.trainer import Trainer
+    from .train import first_ranks, label, make_config, row, wait_politely
+
+    hw = this_machine("float64")
+    rows = []
+    for i, kw in enumerate(configs):
+        cfg = make_config(**dict(kw, steps=1))
+        sub = first_ranks(comm, cfg.ranks, f"mem{i}")
+        errors = None
+        if sub is not None:
+            tr = Trainer(sub, cfg)
+            tr.step(0)
+            measured = [(list(c), m) for c, m in sub.builtin.allgather_object((tr.grid.coords, tr.memory()))]
+            errors = memory_errors(cfg, predict_run(cfg, hw), measured)
+        errors = comm.builtin.bcast_object(errors, 0)
+        for what, err in errors.items():
+            rows.append(row(f"{label(cfg)}: planner's {what} bytes = the trainer's count", abs(err), 0.0))
+        wait_politely(comm)
+    return rows
+
+
 def tour(comm, slowdown=20.0):
     """Check rows (see the module docstring), the same on every rank."""
     from ..plan.config import Problem
@@ -345,33 +372,3 @@ def tour(comm, slowdown=20.0):
     rows.append({"what": "link: the data still arrives intact under emulation", "error": 0.0 if intact else 1.0,
                  "tolerance": 0.0, "ok": intact})
     return rows
-
-
-def run_cmd(args) -> int:
-    from .common import run_and_report
-
-    return run_and_report(args, "lesson 07: the planner's tables and an emulated link", "minipar.lessons.planning:tour",
-                          summarize=summarize)
-
-
-def add_run_command(run_subparsers):
-    from ..cli import lesson_run_parser
-
-    p = lesson_run_parser(run_subparsers, "planning", "the planner's tables checked; an emulated link on real ranks",
-                          "minipar run -n 4 planning")
-    p.set_defaults(func=run_cmd)
-
-
-def add_bench_command(bench_subparsers):
-    from ..bench.links import bench_links
-    from ..cli import with_example
-
-    p = bench_subparsers.add_parser(
-        "links", help="DDP and TP under emulated links, measured vs the planner's prediction",
-        **with_example("minipar bench machine && minipar bench links --slowdown 200"))
-    p.add_argument("--links", nargs="+", default=["none", "nvlink", "pcie", "ethernet"],
-                   choices=["none", *LINKS], help="links to emulate (none: the real transfer only)")
-    p.add_argument("--slowdown", type=float, default=200.0, help="stretch every emulated link this much (default 200)")
-    p.add_argument("--steps", type=int, default=5, help="measured steps per run, best taken (default 5)")
-    p.add_argument("--json", help="write the rows here")
-    p.set_defaults(func=bench_links)

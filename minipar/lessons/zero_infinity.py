@@ -98,21 +98,6 @@ def offload(comm, units=4, width=256, batch=12, steps=2, seed=0, path=None):
     return rows
 
 
-def add_bench_command(bench_subparsers):
-    from ..bench.offload import bench_offload
-    from ..cli import with_example
-
-    p = bench_subparsers.add_parser(
-        "offload", help="ZeRO-2 step time with the optimizer state in memory, on the host, in a memory-mapped file",
-        **with_example("minipar bench offload -n 2 --offload-dir /mnt/nvme"))
-    p.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--width", type=int, default=1024, help="8 layers Linear(width, width) (default 1024)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps each, medians (default 5)")
-    p.add_argument("--mixed", action="store_true", help="mixed precision (float16 matmuls: slow in NumPy)")
-    p.add_argument("--offload-dir", help="where the state files go (default: a temporary directory, removed after)")
-    p.set_defaults(func=bench_offload)
-
-
 # --------------------------------------------------------------------------- Memory-Centric Tiling
 
 
@@ -185,4 +170,3 @@ def _tiles(model):
 
 def tour(comm, path=None):
     return offload(comm, path=path) + tiling(comm)
-
