@@ -13,6 +13,7 @@ import atexit
 import os
 import sys
 import time
+import traceback
 
 from ..errors import UsageError
 from ..trace import Tracer
@@ -57,24 +58,29 @@ def _end_job_on_uncaught(rank: int, size: int):
     whole job ends at once (``MPI_Abort``, or exit under torchrun, whose agent stops the rest),
     so no other rank waits forever for this one, with or without ``python -m mpi4py``.
     """
-    previous = sys.excepthook
-
     def hook(kind, value, tb):
         if issubclass(kind, UsageError):
-            sys.stderr.write(f"rank {rank}: error: {value}\n")
+            report = f"rank {rank}: error: {value}\n"
         elif issubclass(kind, RuntimeError) and "Connection closed by peer" in str(value):
-            sys.stderr.write(f"rank {rank}: stopped: another rank has ended (gloo: connection closed by peer)\n")
+            report = f"rank {rank}: stopped: another rank has ended (gloo: connection closed by peer)\n"
         else:
             while tb is not None and _launching(tb.tb_frame.f_code.co_filename):
                 tb = tb.tb_next  # start the traceback at the user's code
-            sys.stderr.write(f"rank {rank} raised:\n")
-            previous(kind, value.with_traceback(tb), tb)
+            report = f"rank {rank} raised:\n" + "".join(traceback.format_exception(kind, value.with_traceback(tb), tb))
+        # one write: several ranks failing at once share mpiexec's stderr, and a report written
+        # in pieces (as the default hook writes a traceback) interleaves with theirs mid-line
         sys.stderr.flush()
+        _write_all(2, report.encode(errors="replace"))
         if size > 1:
             time.sleep(1.0)  # let mpiexec / torchrun forward these lines before the abort
             _abort(1)
 
     sys.excepthook = hook
+
+
+def _write_all(fd: int, data: bytes):
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _launching(filename: str) -> bool:
