@@ -22,10 +22,10 @@ def resolve(name: str):
 def main(spec_path: str, result_path: str):
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
-    import minipar
+    from minipar.comm import init
     from minipar.trace import merge
 
-    comm = minipar.init(spec["backend"], device=spec["device"], watchdog=spec["watchdog"],
+    comm = init(spec["backend"], device=spec["device"], watchdog=spec["watchdog"],
                         trace=spec["trace"])
     # an exception from here on reaches the hook minipar.init installed: one line for a
     # UsageError, the traceback once for anything else, then the whole job ends

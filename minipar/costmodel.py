@@ -46,15 +46,6 @@ def allreduce_time(algorithm, n, p, alpha, beta, gamma=0.0):
     raise ValueError(f"algorithm={algorithm!r}: no cost formula")
 
 
-def broadcast_time(n, p, alpha, beta):
-    """Binomial tree: ceil(log2 p) rounds of a full message."""
-    return _lg(p) * (alpha + n * beta)
-
-
-def reduce_time(n, p, alpha, beta, gamma=0.0):
-    return _lg(p) * (alpha + n * beta + n * gamma)
-
-
 def all_gather_time(n, p, alpha, beta):
     """Ring; n = bytes of the gathered output."""
     return (p - 1) * alpha + (p - 1) / p * n * beta

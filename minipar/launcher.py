@@ -12,17 +12,28 @@ module-level function; it is called as ``target(comm, **kwargs)`` on every rank,
 return value must be picklable.
 
 If any rank raises, the job ends within seconds and :class:`LaunchError` carries that rank's
-traceback, or, for a :class:`minipar.errors.UsageError`, its one line (``rank 3: error: ...``).
+traceback, or, for a :class:`minipar.errors.UsageError`, its one line (``rank 3: error: ...``;
+that error is then a ``UsageError`` too, so the command line prints it as one line).
 If ranks block (a deadlock, a send without its recv), the watchdog reports what each waits on
-and ends the job, also as a :class:`LaunchError`. Nothing is left behind in the temporary
-directory, whichever way the job ends.
+and ends the job, also as a :class:`LaunchError`.
+
+Nothing is left behind, whichever way the job ends: not a rank, not the launch folder, not the
+file hydra keeps in /tmp. On the hard time limit, Ctrl-C, or SIGTERM / SIGHUP to this process
+(a CI cancelling, ``timeout``, a closed terminal), :func:`stop` ends the job the way that lets
+mpiexec clean up; a SIGTERM or SIGHUP then ends this process as it would have (its exit status
+says which signal), only later. The ranks' environment has no rendezvous of an outer torch job
+(MASTER_PORT, RANK, ...): each job picks a free port of its own. docs/faults.md has the details.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +59,11 @@ class LaunchError(RuntimeError):
         self.line, self.usage = line or str(message).splitlines()[0], usage
 
 
+class RankUsageError(LaunchError, UsageError):
+    """A rank raised a ``UsageError``: a LaunchError that is a UsageError as well, so whoever
+    prints one line for a UsageError (the command line) prints this one as one line too."""
+
+
 _USAGE = re.compile(r"^rank \d+: error: .*$", re.M)
 
 
@@ -56,7 +72,7 @@ def failure(n: int, target: str, code: int, output: str) -> LaunchError:
     what the ranks printed."""
     usage = _USAGE.search(output)
     if usage:
-        return LaunchError(usage.group(0), output, code, usage.group(0), usage=True)
+        return RankUsageError(usage.group(0), output, code, usage.group(0), usage=True)
     lines = [re.sub(r"^\[rank\d+\]: ", "", ln) for ln in output.splitlines()]  # torch's prefix
     if "minipar watchdog:" in output:
         line = next(ln for ln in lines if ln.startswith("minipar watchdog:")).split(" What every rank")[0]
@@ -126,68 +142,252 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
         watchdog = timeout_from_env()
     spec = {"target": target_name(target), "kwargs": kwargs, "backend": backend, "device": device,
             "trace": trace, "watchdog": watchdog}
-    tmp = tempfile.mkdtemp(prefix="minipar-launch-")
-    try:
-        spec_path, result_path = os.path.join(tmp, "spec.pkl"), os.path.join(tmp, "result.pkl")
-        with open(spec_path, "wb") as f:
-            pickle.dump(spec, f)
-        cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "minipar._worker",
-               spec_path, result_path]
-        limit = job_timeout or ((watchdog or 600) + 120)
-        env = rank_env()
-        env["MINIPAR_WATCHDOG_DIR"] = tmp  # a watchdog report folder dies with this one
-        code, output = run_streaming(cmd, limit, echo=not quiet, env=env)
-        if code != 0 or not os.path.exists(result_path):
-            raise failure(n, spec["target"], code, output)
-        with open(result_path, "rb") as f:
-            res = pickle.load(f)
-        return LaunchResult(res["results"], res["trace"], output)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with ending_on_signals():  # SIGTERM, SIGHUP: the folder goes before this process does
+        tmp = tempfile.mkdtemp(prefix="minipar-launch-")
+        try:
+            spec_path, result_path = os.path.join(tmp, "spec.pkl"), os.path.join(tmp, "result.pkl")
+            with open(spec_path, "wb") as f:
+                pickle.dump(spec, f)
+            cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "minipar._worker",
+                   spec_path, result_path]
+            limit = job_timeout or ((watchdog or 600) + 120)
+            env = rank_env()
+            env["MINIPAR_WATCHDOG_DIR"] = tmp  # a watchdog report folder dies with this one
+            code, output = run_streaming(cmd, limit, echo=not quiet, env=env)
+            if code != 0 or not os.path.exists(result_path):
+                raise failure(n, spec["target"], code, output)
+            with open(result_path, "rb") as f:
+                res = pickle.load(f)
+            return LaunchResult(res["results"], res["trace"], output)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# torchrun's rendezvous: inherited from an outer job (or a shell profile), it would make every
+# job meet on one port (two at once: "address already in use") or take the ranks for torchrun's
+RENDEZVOUS = ("MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
 def rank_env(env=None) -> dict:
-    """The ranks' environment: ours, with one BLAS thread per rank unless set otherwise.
+    """The ranks' environment: ours, with one BLAS thread per rank unless set otherwise, without
+    torchrun's rendezvous variables (under mpiexec rank 0 picks a free port for each job; who
+    runs torchrun themselves gets torchrun's), and naming the job's command (``MINIPAR_JOB``).
 
     Ranks are often more than cores here; several BLAS threads per rank would fight over them.
     """
     env = dict(os.environ if env is None else env)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
+    for var in RENDEZVOUS:
+        env.pop(var, None)
+    env["MINIPAR_JOB"] = this_process()
     return env
 
 
+def this_process() -> str:
+    """``pid 123 on host: command line``: who started a job, in one line (a checkpoint's lock
+    names its holder this way)."""
+    program, *args = sys.argv or [""]
+    if os.path.basename(program) == "__main__.py":  # python -m package
+        command = ["python", "-m", os.path.basename(os.path.dirname(program))]
+    else:
+        command = [os.path.basename(program)]
+    return f"pid {os.getpid()} on {socket.gethostname()}: {shlex.join(command + args)}"
+
+
 def run_streaming(cmd, limit: float, echo: bool = True, env=None):
-    """Run ``cmd``, echoing its output live, killing it after ``limit`` seconds.
+    """Run ``cmd``, echoing its output live, stopping it after ``limit`` seconds.
 
-    Returns (exit code, combined output). Exit code 124 means we killed it on the time limit.
+    Returns (exit code, combined output). Exit code 124 means we stopped it on the time limit.
+    However the call ends (the limit, Ctrl-C, SIGTERM or SIGHUP, an error), the job ends with
+    it and leaves nothing behind (:func:`stop`).
     """
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, env=env, start_new_session=True)
-    lines: list[str] = []
+    with ending_on_signals():
+        proc, lines = None, []
+        stopping = threading.Event()  # from then on, mpiexec's "BAD TERMINATION" banner is not echoed
 
-    def pump():
-        for line in proc.stdout:
-            lines.append(line)
-            if echo:
-                sys.stdout.write(line)
-                sys.stdout.flush()
+        def pump():
+            for line in proc.stdout:
+                lines.append(line)
+                if echo and not stopping.is_set():
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+        try:
+            with _held_signals():  # a signal while mpiexec starts waits until it can be stopped
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        bufsize=1, env=env, start_new_session=True)
+                reader = threading.Thread(target=pump, daemon=True)
+                reader.start()
+            code = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            stopping.set()
+            stop(proc)
+            lines.append(f"minipar: job killed after {limit:g} s (hard time limit)\n")
+            code = 124
+        except BaseException:  # Ctrl-C, SIGTERM, SIGHUP, or any error here: no rank outlives the call
+            stopping.set()
+            if proc is not None:
+                stop(proc)
+            raise
+        reader.join(timeout=5)
+        return code, "".join(lines)
+
+
+# ------------------------------------------------------------------ ending a job, and this process
+
+GRACE = 3.0  # seconds a stopped job has to end its ranks and remove its files before SIGKILL
+
+
+def stop(proc, grace: float = GRACE):
+    """End the job ``proc`` (mpiexec) started, every process of it, and leave nothing on disk.
+
+    Asked with SIGTERM, hydra's mpiexec ends its proxy, the proxy its ranks, and the proxy removes
+    the topology file it keeps in /tmp (``hydra_hwloc_xmlfile_*``, whatever TMPDIR says); SIGKILL
+    gives it no chance, and left that file behind at each Ctrl-C. So: SIGTERM to the job's process
+    group, ``grace`` seconds, then SIGKILL to what is left of it, the ranks included (hydra starts
+    the proxy and the ranks in sessions of their own: the group does not reach them), and hydra's
+    files of this job (those its processes hold open) removed if it could not. A signal meanwhile
+    (a second Ctrl-C) waits until the clean-up is done.
+    """
+    with _held_signals():
+        family = _descendants(proc.pid)  # known now: once mpiexec is gone they are orphans
+        files = _hydra_files([proc.pid] + [pid for pid, _ in family])
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for pid, started in family:
+            if _start_time(pid) == started:  # still that process, not a new one with its pid
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for path in files:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+def _descendants(pid: int) -> list:
+    """[(pid, start time)] of every process below ``pid`` (Linux's /proc; elsewhere none)."""
+    children: dict[int, list] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat:
+                children.setdefault(stat[0], []).append((int(entry), stat[1]))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def _stat(pid: int):
+    """(parent pid, start time) of ``pid`` from /proc/PID/stat, or None once it is gone."""
     try:
-        code = proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        lines.append(f"minipar: job killed after {limit:g} s (hard time limit)\n")
-        code = 124
-    except BaseException:  # Ctrl-C, or any error here: no rank outlives the call
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        raise
-    reader.join(timeout=5)
-    return code, "".join(lines)
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command's name, which may hold spaces
+    except OSError:
+        return None
+    return int(fields[1]), fields[19]
+
+
+def _start_time(pid: int):
+    stat = _stat(pid)
+    return stat and stat[1]
+
+
+def _hydra_files(pids) -> set:
+    """The ``hydra_hwloc_xmlfile_*`` files these processes hold open: this job's, no other's."""
+    files = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if os.path.basename(target).startswith("hydra_hwloc_xmlfile_"):
+                        files.add(target)
+    return files
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived while a job ran: unwinds through every clean-up (the job's
+    processes, the launch folder), then :func:`ending_on_signals` ends this process."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+ENDING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_stopped(signum, frame):
+    for sig in ENDING:  # the next one changes nothing: this process is ending already
+        if signal.getsignal(sig) is _raise_stopped:
+            signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def ending_on_signals():
+    """SIGTERM and SIGHUP inside the block raise :class:`Stopped`, so the job is stopped and its
+    files removed; leaving the block, the signal ends this process with its default action (the
+    exit status names the signal, as it would have without us).
+
+    Only where the signal would have killed this process outright (its handler is the default):
+    a program with its own handler, or one run under ``nohup`` (SIGHUP ignored), keeps it. Only in
+    the main thread (Python's rule for signal handlers). Nested blocks leave it to the outermost.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mine = [sig for sig in ENDING if signal.getsignal(sig) == signal.SIG_DFL]
+    for sig in mine:
+        signal.signal(sig, _raise_stopped)
+    try:
+        yield
+    except Stopped as stopped:
+        for sig in mine:
+            signal.signal(sig, signal.SIG_DFL)
+        if stopped.signum not in mine:
+            raise  # an outer block's
+        name = signal.Signals(stopped.signum).name
+        print(f"minipar: {name}: the job was stopped, its ranks ended and its files removed", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), stopped.signum)  # the default action: this process ends here
+        raise SystemExit(128 + stopped.signum) from None  # (only if something blocks the signal)
+    finally:
+        for sig in mine:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _held_signals():
+    """Ctrl-C, SIGTERM and SIGHUP held back inside the block and delivered again after it, to
+    whatever handled them before (main thread only; one that was ignored stays ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *ENDING)}
+    for sig, handler in before.items():
+        if handler not in (signal.SIG_IGN, None):
+            signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        for sig in dict.fromkeys(held):
+            os.kill(os.getpid(), sig)
 
 
 def _tail(text, n=40):

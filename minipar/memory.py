@@ -28,8 +28,6 @@ of the formula: padding, and the layer(s) gathered or whose full gradient is ali
 """
 from __future__ import annotations
 
-import argparse
-import json
 import weakref
 
 GB = 1e9
@@ -137,56 +135,3 @@ def _nbytes(a):
 def calculate(params, dp, stage, optimizer="adam", precision="mixed", offload=False) -> dict:
     bp, bg, k = BYTES[(optimizer, precision)]
     return zero_bytes(params, dp, stage, bp, bg, k, offload)
-
-
-def describe(args) -> str:
-    res = calculate(args.params, args.dp, args.stage, args.optimizer, args.precision, args.offload)
-    bp, bg, k = BYTES[(args.optimizer, args.precision)]
-    name = {0: "no ZeRO (plain DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}[args.stage]
-    lines = [f"{args.params:.4g} parameters, {args.dp} data-parallel ranks, {name}, "
-             f"{args.optimizer} in {args.precision} precision ({bp} + {bg} + K={k} bytes/param)"
-             + (", optimizer offloaded to the host" if args.offload else ""),
-             "per rank:"]
-    for c in CATEGORIES:
-        lines.append(f"  {c:<10} {res[c + '_bytes'] / GB:10.3f} GB")
-    lines.append(f"  {'total':<10} {res['total_bytes'] / GB:10.3f} GB   (+ activations, which grow with batch x sequence)")
-    if args.offload:
-        lines.append(f"  {'host':<10} {res['host_bytes'] / GB:10.3f} GB   (optimizer state in CPU memory)")
-    lines.append(f"storing vs training: the fp32 weights alone are {4 * args.params / GB:.3g} GB to store; "
-                 f"training one replica without ZeRO needs {(bp + bg + k) * args.params / GB:.3g} GB "
-                 f"(weights {bp * args.params / GB:.3g} + grads {bg * args.params / GB:.3g} + "
-                 f"optimizer {k * args.params / GB:.3g})")
-    return "\n".join(lines)
-
-
-def cmd_memory(args) -> int:
-    if args.params <= 0 or args.dp < 1:
-        print("minipar memory: --params must be > 0 and --dp >= 1")
-        return 2
-    print(describe(args))
-    if args.json:
-        res = calculate(args.params, args.dp, args.stage, args.optimizer, args.precision, args.offload)
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0
-
-
-def add_commands(subparsers):
-    """Add the ``memory`` verb to minipar's CLI."""
-    p = subparsers.add_parser(
-        "memory", help="bytes per rank of weights, gradients and optimizer state under ZeRO",
-        description="Memory per data-parallel rank for ZeRO stage 0-3 (GB = 1e9 bytes).",
-        epilog="example (the ZeRO paper's 7.5B model on 64 GPUs):\n"
-               "  minipar memory --params 7.5e9 --dp 64 --stage 1\n"
-               "  -> 31.4 GB per rank (120 GB without ZeRO, 16.6 GB stage 2, 1.9 GB stage 3)",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--params", type=float, required=True, metavar="PSI", help="number of parameters, e.g. 7.5e9")
-    p.add_argument("--dp", type=int, default=1, metavar="N", help="data-parallel ranks (default 1)")
-    p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage (0 = plain DDP)")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam (default) or sgd with momentum")
-    p.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
-                   help="mixed: fp16 weights/grads + fp32 master (default); fp32: everything in fp32")
-    p.add_argument("--offload", action="store_true", help="ZeRO-Offload: optimizer state on the host")
-    p.add_argument("--json", metavar="FILE", help="also write the numbers (bytes) as JSON")
-    p.set_defaults(func=cmd_memory)

@@ -99,11 +99,6 @@ def from_numpy(a: np.ndarray, like):
     return np.asarray(a, dtype=like.dtype)
 
 
-def dtype_name(x) -> str:
-    """'float64', 'float32', 'int64', ... for numpy and torch alike."""
-    return str(x.dtype).replace("torch.", "")
-
-
 def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     """Split ``range(n)`` into ``p`` contiguous chunks like ``numpy.array_split``.
 

@@ -12,7 +12,7 @@ import pytest
 
 from minipar import costmodel
 from minipar.autoparallel import (Costs, P, R, Shard, Simulator, assemble, block, build, build_program, hand_written,
-                                  layout, local_block, mcmc, plan, space, step_bytes, step_time)
+                                  layout, local_block, mcmc, redistribution_steps, space, step_bytes, step_time)
 from minipar.autoparallel.graph import valid
 from minipar.errors import UsageError
 
@@ -36,39 +36,48 @@ def test_assemble_inverts_local_block_for_every_placement():
         np.testing.assert_array_equal(assemble(locs, pls, full.shape, (2, 3)), full)
 
 
-def test_plan_one_axis_is_one_step_of_the_named_kind():
+def test_a_move_on_one_axis_is_one_step_of_the_named_kind():
     kinds = {(Shard(0), R): "all_gather", (P, R): "all_reduce", (P, Shard(1)): "reduce_scatter",
              (Shard(0), Shard(1)): "all_to_all", (R, Shard(0)): "slice", (R, P): "to_partial",
              (Shard(1), P): "shard_to_partial"}
     for (a, b), kind in kinds.items():
-        (step,) = plan((a,), (b,))
+        (step,) = redistribution_steps((a,), (b,))
         assert step.kind == kind
-    assert plan((R,), (R,)) == ()
+    assert redistribution_steps((R,), (R,)) == ()
 
 
-def test_plan_resets_a_later_axis_that_splits_the_same_dim():
+def test_a_move_resets_a_later_axis_that_splits_the_same_dim():
     """(R, S0) -> (S0, S0): axis 1's piece of dim 0 changes when axis 0 starts splitting dim 0."""
-    steps = plan((R, Shard(0)), (Shard(0), Shard(0)))
+    steps = redistribution_steps((R, Shard(0)), (Shard(0), Shard(0)))
     assert [(s.axis, s.kind) for s in steps] == [(1, "all_gather"), (0, "slice"), (1, "slice")]
     for src, dst in itertools.product(itertools.product([Shard(0), Shard(1), R, P], repeat=2), repeat=2):
-        steps = plan(src, dst)
+        steps = redistribution_steps(src, dst)
         assert (steps[-1].after if steps else src) == dst
         assert all(a.after == b.before for a, b in zip(steps, steps[1:]))
+
+
+def test_lab_08_exercise_imports_still_resolve():
+    """The exercise imports Partial, Replicate, Shard, block and plan from ``placement``: the same objects."""
+    from minipar.autoparallel import placement, sharding, transitions
+
+    assert placement.plan is transitions.redistribution_steps
+    assert (placement.Partial, placement.Replicate, placement.Shard, placement.block) == (
+        sharding.Partial, sharding.Replicate, sharding.Shard, sharding.block)
 
 
 def test_step_time_is_costmodel_for_even_shapes_and_bytes_are_exact():
     a, b, g = 7e-6, 2e-9, 5e-10
     shape, n = (8, 12), 8 * 12 * 8
-    t = lambda src, dst: step_time(plan((src,), (dst,))[0], shape, (4,), (0,), 8, a, b, g)  # noqa: E731
+    t = lambda src, dst: step_time(redistribution_steps((src,), (dst,))[0], shape, (4,), (0,), 8, a, b, g)  # noqa: E731
     assert t(Shard(0), R) == pytest.approx(costmodel.all_gather_time(n, 4, a, b))
     assert t(P, R) == pytest.approx(costmodel.allreduce_time("ring", n, 4, a, b, g))
     assert t(P, Shard(1)) == pytest.approx(costmodel.reduce_scatter_time(n, 4, a, b, g))
     assert t(Shard(0), Shard(1)) == pytest.approx(costmodel.all_to_all_time(n / 4, 4, a, b))
     assert t(R, Shard(0)) == 0.0
     # uneven: 5 rows over 4 ranks are 2, 1, 1, 1; rank r's ring all-gather sends all but chunk r+1
-    st = plan((Shard(0),), (R,))[0]
+    st = redistribution_steps((Shard(0),), (R,))[0]
     assert [step_bytes(st, (5, 3), (4,), (r,), 8) // 24 for r in range(4)] == [4, 4, 4, 3]
-    assert step_bytes(plan((P,), (R,))[0], (5, 3), (4,), (0,), 8) == (2 * 15 - 4 - 4) * 8  # chunks 4, 4, 4, 3
+    assert step_bytes(redistribution_steps((P,), (R,))[0], (5, 3), (4,), (0,), 8) == (2 * 15 - 4 - 4) * 8  # chunks 4, 4, 4, 3
 
 
 # --------------------------------------------------------------------------- operators and their layouts

@@ -34,7 +34,7 @@ def _patched(obj, name, value, fn):
 def planted(comm):
     """Each planted bug or shortcut, with the checks it must fail (rows per case)."""
     from minipar.autoparallel import execute, graph, simulate, transitions as rd
-    from minipar.autoparallel.placement import Replicate, Shard
+    from minipar.autoparallel.sharding import Replicate, Shard
     from minipar.lessons.auto_parallel import Checks, check_executor, check_redistribute
 
     p, out = comm.size, {}

@@ -158,10 +158,10 @@ def _zero_mutants():
             super().setup_params()
             for u, f in self.flats.items():
                 big = zeros((f.n_pad + self.comm.size,), like=self.like, dtype=self.dtype)
-                big[: f.n_pad] = self.P[u]
+                big[: f.n_pad] = self.full_params[u]
                 self.ledger.track("params", big, name="zero.flat params", label=u)
-                self.P[u] = big[: f.n_pad]
-                f.bind("params", self.P[u])
+                self.full_params[u] = big[: f.n_pad]
+                f.bind("params", self.full_params[u])
 
     class GatherAll(ZeRO3):
         """'Prefetch' that starts the gather of every unit at once."""
@@ -176,7 +176,7 @@ def _zero_mutants():
         kept = []
 
         def free(self, u):
-            self.kept.append(self.P[u])
+            self.kept.append(self.full_params[u])
             super().free(u)
 
     class FreedLate(ZeRO3):

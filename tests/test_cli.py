@@ -1,4 +1,5 @@
 """The command line: every verb has help; run and bench do what they print."""
+import argparse
 import json
 import subprocess
 import sys
@@ -29,6 +30,40 @@ def test_every_verb_has_help_with_an_example(verb):
 def test_lessons():
     out = minipar("lessons")
     assert out.returncode == 0 and "collectives" in out.stdout and "labs/01_collectives" in out.stdout
+    assert "verbs: minipar run collectives, minipar bench collectives" in out.stdout
+
+
+# --------------------------------------------------------------------------- the registry names every verb
+
+
+def verb_paths(parser, prefix=()):
+    """Every verb of ``parser`` as the words that call it: {"tour", "run collectives", "bench tp", ...}."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        return {" ".join(prefix)}
+    return set().union(*(verb_paths(sub, prefix + (name,)) for g in groups for name, sub in g.choices.items()))
+
+
+def test_each_lessons_cli_module_adds_exactly_the_verbs_the_registry_lists():
+    from minipar.cli import build_parser
+    from minipar.cli.course import VERBS
+    from minipar.course import LESSONS
+
+    course = verb_paths(build_parser([]))
+    assert course == set(VERBS)
+    for ls in LESSONS:
+        assert ls.cli.startswith("minipar.cli."), ls.cli
+        assert verb_paths(build_parser([ls])) - course == set(ls.verbs), f"lesson {ls.key}: {ls.cli} vs its verbs"
+
+
+def test_every_verb_of_minipar_belongs_to_a_lesson_or_to_the_course():
+    from minipar.cli import build_parser
+    from minipar.cli.course import VERBS
+    from minipar.course import LESSONS
+
+    owners = [("course", v) for v in VERBS] + [(ls.name, v) for ls in LESSONS for v in ls.verbs]
+    assert len({v for _, v in owners}) == len(owners), "a verb is listed twice"
+    assert verb_paths(build_parser()) == {v for _, v in owners}
 
 
 @pytest.mark.mpi
@@ -76,15 +111,15 @@ def test_run_lesson_honours_n_before_the_lesson_name(lesson, tmp_path):
 
 def in_process(argv, capsys, monkeypatch):
     """(exit code, stdout, stderr) of ``minipar ARGV`` run here, with launching ranks forbidden."""
-    import minipar.bench.cli
+    import minipar.cli.collectives
+    import minipar.cli.course
     import minipar.launcher
-    import minipar.tour
     from minipar import cli
 
     def launched(*args, **kwargs):
         raise AssertionError("ranks were launched")
 
-    for mod, name in ((minipar.launcher, "launch"), (minipar.tour, "launch"), (minipar.bench.cli, "relaunch")):
+    for mod, name in ((minipar.launcher, "launch"), (minipar.cli.course, "launch"), (minipar.cli.collectives, "relaunch")):
         monkeypatch.setattr(mod, name, launched)
     try:
         code = cli.main(argv)
@@ -144,7 +179,7 @@ def test_tp_size_that_does_not_divide_is_one_line_from_the_shell():
 @pytest.mark.parametrize("text,size", [("8", 8), ("4K", 4096), ("4k", 4096), ("16M", 16 << 20), ("64MiB", 64 << 20),
                                        ("1G", 1 << 30), ("1.5K", 1536), ("8B", 8), ("2 KiB", 2048)])
 def test_human_sizes(text, size):
-    from minipar.cli import parse_size
+    from minipar.cli.common import parse_size
 
     assert parse_size(text) == size
 
@@ -153,7 +188,7 @@ def test_human_sizes(text, size):
 def test_sizes_that_are_not_sizes(text):
     import argparse
 
-    from minipar.cli import parse_size
+    from minipar.cli.common import parse_size
 
     with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
         parse_size(text)
@@ -175,12 +210,14 @@ def test_minus_n_is_the_number_of_ranks_in_every_verb():
 
 def test_a_verb_that_fails_to_import_says_so(tmp_path, monkeypatch, capsys):
     from minipar import cli
+    from minipar.course import LESSONS, Lesson
 
     (tmp_path / "needs_torch_verb.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     (tmp_path / "broken_verb.py").write_text("import no_such_dependency_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "PLUGINS", cli.PLUGINS + ["needs_torch_verb", "broken_verb", "minipar.no_such_verb"])
-    parser = cli.build_parser()
+    extra = [Lesson(f"9{i}", f"extra{i}", "a lesson whose verbs do not import", "x:tour", cli=module)
+             for i, module in enumerate(["needs_torch_verb", "broken_verb", "minipar.no_such_verb"])]
+    parser = cli.build_parser(LESSONS + extra)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2, err  # the optional dependency is not an error
     assert "broken_verb" in err[0] and "No module named 'no_such_dependency_xyz'" in err[0]
@@ -206,7 +243,7 @@ def test_pipeline_run_defaults_are_the_documented_size():
 
 
 def test_pipeline_run_says_why_measured_and_theory_differ():
-    from minipar.pipeline.cli import why_they_differ
+    from minipar.cli.pipeline import why_they_differ
 
     r = {"costs": {"F": 0.010, "B": 0.016, "p2p": 0.002}, "measured_bubble_fraction": 0.40,
          "simulated_bubble_fraction": 0.33, "replayed_bubble_fraction": 0.37, "theory_bubble_fraction": 0.273}
@@ -231,3 +268,32 @@ def test_run_shows_progress_while_it_runs():
     assert proc.returncode == 0, first + rest + err
     assert "on 2 ranks" in first and running, first
     assert "checks ran in" in rest
+
+
+def test_verbs_live_only_in_the_cli_and_nothing_below_it_imports_it():
+    """A verb (a subcommand parser) is added only under minipar/cli/; no technique, lesson, lab, figure
+    or benchmark module imports minipar.cli (``python -m minipar`` in minipar/__main__.py is its entry)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "minipar"
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("cli/") or rel == "__main__.py":
+            continue
+        package = ["minipar", *rel.split("/")[:-1]]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                names = [".".join(base + ([node.module] if node.module else []) + [a.name]) for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                names = []
+            bad += [f"{rel}:{node.lineno} imports {n}" for n in names if n == "minipar.cli" or n.startswith("minipar.cli.")]
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("add_parser", "add_subparsers"):
+                bad.append(f"{rel}:{node.lineno} adds a verb ({node.func.attr})")
+    assert not bad, "\n".join(bad)
+    common = ast.parse((root / "cli" / "common.py").read_text())  # the bottom of the cli: it imports no other cli module
+    assert not [n.module for n in ast.walk(common) if isinstance(n, ast.ImportFrom) and n.level == 1]

@@ -2,15 +2,19 @@
 is reported by the watchdog, and every job leaves the temporary directory as it found it."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
+import uuid
 
 import pytest
 
 from minipar import launch
+from minipar.errors import UsageError
 from minipar.launcher import LaunchError, mpiexec, rank_env
 
 from .conftest import has_torch
@@ -56,6 +60,7 @@ def test_a_usage_error_on_a_rank_is_one_line():
     err, took = failing("usage_error_on", 3, watchdog=60, rank=1)
     line = "rank 1: error: tp=4: the tensor-parallel size must divide the world size 3"
     assert (err.line, str(err), err.usage) == (line, line, True)
+    assert isinstance(err, UsageError)  # so the command line prints it as one line, as its own
     assert err.output.count(line) == 1 and "Traceback" not in err.output
     assert err.returncode != 0 and took < 30
 
@@ -119,25 +124,37 @@ def test_wrong_receive_buffer_is_a_clear_error():
 
 
 @pytest.mark.mpi
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_a_job_killed_or_interrupted_leaves_no_rank_behind(private_tmp, monkeypatch):
-    """The hard time limit, and an interrupted caller (Ctrl-C, a test's timeout): the ranks go too."""
-    err, took = failing("send_without_recv", 2, watchdog=0, job_timeout=6)
+    """The hard time limit, and an interrupted caller (Ctrl-C, a test's timeout): the ranks go too,
+    and so does the file hydra's proxy keeps in /tmp whatever TMPDIR says (killed outright, it
+    leaves it there; asked with SIGTERM first, it removes it)."""
+    monkeypatch.setenv(MARK, uuid.uuid4().hex)
+    with Watch(os.environ[MARK]) as killed:
+        err, took = failing("send_without_recv", 2, watchdog=0, job_timeout=6)
     assert err.returncode == 124 and "hard time limit" in err.line
     assert not _ranks_of(private_tmp), "processes of the killed job still running"
 
     wait = subprocess.Popen.wait
+    interrupts = []
 
     def interrupted(proc, timeout=None):
-        if timeout is None:
-            return wait(proc)
+        if timeout is None or interrupts:
+            return wait(proc, timeout)
         time.sleep(4)  # the ranks are running (and blocked) by now
+        interrupts.append(1)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(subprocess.Popen, "wait", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        launch(2, "minipar.lessons.faults:send_without_recv", quiet=True, watchdog=0)
+    monkeypatch.setenv(MARK, uuid.uuid4().hex)
+    with Watch(os.environ[MARK]) as stopped:
+        with pytest.raises(KeyboardInterrupt):
+            launch(2, "minipar.lessons.faults:send_without_recv", quiet=True, watchdog=0)
     assert not _ranks_of(private_tmp), "processes of the interrupted job still running"
+    for what, watch in (("killed", killed), ("interrupted", stopped)):
+        watch.clean()
+        assert watch.files, f"{what}: the job's hydra file was never seen"
+        assert not watch.leftover, f"{what}: left behind {watch.leftover}"
 
 
 def _ranks_of(folder):
@@ -151,6 +168,144 @@ def _cmdline_has(pid, text):
             return text.encode() in f.read()
     except OSError:
         return False
+
+
+MARK = "MINIPAR_TEST_JOB"  # set in a test's environment: every process of its jobs inherits it
+
+
+def job_processes(mark):
+    """pids of the processes started with ``MINIPAR_TEST_JOB=mark`` in their environment: the
+    command, mpiexec, hydra's proxy and the ranks (hydra starts those in sessions of their own,
+    so a process group does not find them)."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def hydra_files(pids):
+    """The ``hydra_hwloc_xmlfile_*`` files these processes hold open (the proxy makes one per job)."""
+    files = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if os.path.basename(target).startswith("hydra_hwloc_xmlfile_"):
+                files.add(target)
+    return files
+
+
+class Watch:
+    """While a job runs: every process and hydra file of it, polled in a thread. ``left()``:
+    those still there afterwards (and on leaving, the test's own clean-up of them)."""
+
+    def __init__(self, mark):
+        self.mark, self.pids, self.files, self.done = mark, set(), set(), threading.Event()
+
+    def poll(self):
+        pids = job_processes(self.mark)
+        self.pids.update(pids)
+        self.files.update(hydra_files(pids))
+        return pids
+
+    def _run(self):
+        while not self.done.is_set():
+            self.poll()
+            self.done.wait(0.1)
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        self.leftover = self.left()
+
+    def left(self, settle=2.0):
+        """Processes of the job still alive, and its hydra files still on disk (after up to
+        ``settle`` seconds: a process reaped a moment late is not a leak)."""
+        deadline = time.monotonic() + settle
+        while True:
+            alive = job_processes(self.mark)
+            files = sorted(f for f in self.files if os.path.exists(f))
+            if not (alive or files) or time.monotonic() > deadline:
+                return alive + files
+            time.sleep(0.1)
+
+    def clean(self):
+        """The test's own clean-up, when the code under test left something: its processes, its files."""
+        for pid in job_processes(self.mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for f in self.files:
+            if os.path.exists(f):
+                os.remove(f)
+
+
+SLEEPER = """
+import time
+
+
+def ring_pass(comm, x):
+    time.sleep(600)
+"""
+
+SIGNALLED = [
+    pytest.param(["check", "01", "--task", "1.1", "--file", "{sleeper}"], signal.SIGTERM, id="check-SIGTERM"),
+    pytest.param(["check", "01", "--task", "1.1", "--file", "{sleeper}"], signal.SIGHUP, id="check-SIGHUP"),
+    pytest.param(["run", "-n", "2", "train"], signal.SIGTERM, id="run-SIGTERM"),
+    pytest.param(["run", "-n", "2", "train"], signal.SIGHUP, id="run-SIGHUP"),
+    pytest.param(["run", "-n", "2", "--backend", "torch", "collectives"], signal.SIGTERM, id="run-torch-SIGTERM",
+                 marks=pytest.mark.torch),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("argv,sig", SIGNALLED)
+def test_a_signal_ends_every_rank_and_leaves_nothing(argv, sig, private_tmp, tmp_path):
+    """A CI cancelling, ``timeout``, a closed terminal: the command's ranks end with it, its launch
+    folder and hydra's file go, and its exit status is the signal's."""
+    if "torch" in argv and not has_torch():
+        pytest.skip("torch not installed")
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    argv = [a.format(sleeper=tmp_path / "sleeper.py") for a in argv]
+    mark = uuid.uuid4().hex
+    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark, "PYTHONPATH": os.environ["PYTHONPATH"]}
+    cmd = subprocess.Popen([sys.executable, "-m", "minipar", *argv], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    watch = Watch(mark)
+    try:
+        deadline = time.monotonic() + 90
+        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
+            watch.poll()  # until the ranks run: hydra's proxy has made its file
+            time.sleep(0.05)
+        assert cmd.poll() is None, "the command ended before it could be signalled:\n" + cmd.stdout.read()
+        cmd.send_signal(sig)
+        output, _ = cmd.communicate(timeout=60)
+        assert cmd.returncode == -sig, (cmd.returncode, output)
+        assert not watch.left(), f"left behind: {watch.left()}\n{output}"
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+            cmd.wait()
+        watch.clean()
 
 
 SCRIPT = """

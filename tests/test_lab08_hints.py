@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from minipar.autoparallel.placement import P, R, Shard, step_kind
+from minipar.autoparallel.sharding import P, R, Shard
+from minipar.autoparallel.transitions import step_kind
 from minipar.labs import lab08 as L, lab08_mcmc as M
 from minipar.labs import lab08_solution as S
 

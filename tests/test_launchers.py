@@ -1,12 +1,15 @@
-"""The same lesson under the engines' own launchers: mpiexec and torchrun."""
+"""The same lesson under the engines' own launchers, mpiexec and torchrun; and ``minipar.launch``
+unaffected by the environment of an outer torch job."""
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from minipar import launch
 from minipar.launcher import mpiexec, rank_env
 
 from .conftest import has_torch
@@ -64,3 +67,19 @@ def test_raising_ranks_end_a_torchrun_job(tmp_path):
     check_script_output(text)
     assert text.count("minipar: device='cuda' with 3 ranks on 1 GPU on this host: NCCL needs a GPU per rank") == 1
     assert time.monotonic() - t0 < 60  # torchrun's agent stops the others; nobody waits for the watchdog
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_an_inherited_rendezvous_does_not_reach_the_ranks(monkeypatch):
+    """MASTER_PORT (and RANK, WORLD_SIZE) inherited from an outer torchrun or a shell profile, the
+    port already taken by another job: each launched job picks a free port of its own."""
+    if not has_torch():
+        pytest.skip("torch not installed")
+    with socket.socket() as other_job:
+        other_job.bind(("127.0.0.1", 0))
+        other_job.listen()
+        for var, value in (("MASTER_PORT", other_job.getsockname()[1]), ("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)):
+            monkeypatch.setenv(var, str(value))
+        out = launch(2, "minipar.lessons.collectives:verify", backend="torch", quiet=True, lengths=(1, 7))
+    assert len(out.results) == 2 and all(r["ok"] for rows in out.results for r in rows)

@@ -42,10 +42,10 @@ def test_storing_vs_training():
 
 
 def parse(argv):
-    from minipar.memory import add_commands
+    from minipar.cli.data_parallel import add_memory_command
 
     p = argparse.ArgumentParser()
-    add_commands(p.add_subparsers())
+    add_memory_command(p.add_subparsers())
     return p.parse_args(argv)
 
 

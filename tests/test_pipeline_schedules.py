@@ -133,6 +133,26 @@ def test_w_before_i_is_a_deadlock_on_one_rank():
     assert "rank 2 waits at 2W0 for 2I0 (W after I" in rejected(s)
 
 
+def test_validated_once_until_changed(monkeypatch):
+    """The executor validates every step: a schedule that passed is not checked again, but one
+    changed after passing is, and fails with the message it would have had from the start."""
+    from minipar.pipeline import schedules
+
+    s = one_f_one_b(3, 4)
+    validate(s)
+    calls = []
+    real = schedules.lockstep
+    monkeypatch.setattr(schedules, "lockstep", lambda sched: calls.append(1) or real(sched))
+    validate(s)
+    assert calls == []                                       # unchanged: nothing re-checked
+    s.actions[1].remove(Action(1, "F", 2))
+    changed = rejected(s)
+    fresh = one_f_one_b(3, 4)
+    fresh.actions[1].remove(Action(1, "F", 2))
+    assert changed == rejected(fresh) and "1F2 is missing" in changed
+    assert s.ranks == s.stages == 3                          # lab 03's files read the old name
+
+
 def test_schedule_from_strings_and_grid():
     s = Schedule("hand", 2, 1, 1, [["0F0", "0B0"], ["1F0", "1B0"]])
     validate(s)
@@ -209,7 +229,7 @@ def test_simulate_reports_deadlock_without_validation():
 
 
 def test_import_stays_light():
-    code = ("import sys, minipar.pipeline, minipar.pipeline.plot, minipar.pipeline.cli; "
+    code = ("import sys, minipar.pipeline, minipar.pipeline.plot, minipar.cli.pipeline; "
             "bad = {'torch', 'matplotlib'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -217,7 +237,7 @@ def test_import_stays_light():
 # ---------------------------------------------------------------- CLI and plots
 
 def run_cli(*argv):
-    from minipar.pipeline.cli import add_schedule_command
+    from minipar.cli.pipeline import add_schedule_command
     parser = argparse.ArgumentParser(prog="minipar")
     add_schedule_command(parser.add_subparsers())
     args = parser.parse_args(["schedule", *argv])

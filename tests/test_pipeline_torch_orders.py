@@ -100,5 +100,5 @@ def test_torch_validator_accepts_minipar_schedules(make):
     s = make()
     order = {r: [ts._Action(a.stage, ts._ComputationType(a.kind), a.microbatch) for a in ops]
              for r, ops in enumerate(s.actions)}
-    stage_to_rank = ts._validate_schedule(order, s.stages, s.total_stages, s.microbatches)
+    stage_to_rank = ts._validate_schedule(order, s.ranks, s.total_stages, s.microbatches)
     assert stage_to_rank == dict(enumerate(s.stage_to_rank))

@@ -52,7 +52,7 @@ def test_train_compare_json_trace_save_then_resume_and_generate(tmp_path):
     trace = json.load(open(tr))["traceEvents"]
     lanes = {e["args"]["name"] for e in trace if e.get("name") == "thread_name"}
     assert {"compute", "tp", "pp", "dp", "emb"} <= lanes
-    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step000002", "step000004"]
+    assert sorted(p.name for p in ck.iterdir()) == [".lock", "latest", "step000002", "step000004"]
 
     out = minipar("train", "-n", "2", "--cp", "2", "--resume", str(ck / "step000002"), "--steps", "4", "--compare",
                   "--json", str(js), *TINY)

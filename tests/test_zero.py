@@ -43,8 +43,8 @@ def torch_mutants(comm):
 
     def no_average(self):
         good(self)
-        for u, G in self.G.items():
-            G[slice(*self.mine[u])] *= self.comm.size  # BUG: sum, not average
+        for u, grad in self.full_grads.items():
+            grad[slice(*self.shard_bounds[u])] *= self.comm.size  # BUG: sum, not average
 
     ZeRO1.sync_grads = no_average
     ref.fsdp2_reduction = lambda comm: "sum"  # BUG: pretends gloo summed
@@ -91,9 +91,9 @@ def test_flat_layout_pads_to_a_multiple_of_the_world():
 def no_scrub(comm):
     """ZeRO-3 frees its gathered weights but the activation contexts keep them alive."""
     from minipar.lessons.data_parallel import _rows_memory, memory
-    from minipar.zero import stages
+    from minipar.zero import engines
 
-    stages.swap = lambda ctx, table: ctx  # BUG: the ctx keeps the full weights
+    engines.swap = lambda ctx, table: ctx  # BUG: the ctx keeps the full weights
     return _rows_memory(memory(comm))
 
 
@@ -106,9 +106,9 @@ def shard_off_by_one(comm):
 
     def bad(self):
         good(self)
-        for u, G in self.G.items():
-            a, b = self.mine[u]
-            G[a:b] = np.roll(G[a:b], 1)  # BUG
+        for u, grad in self.full_grads.items():
+            a, b = self.shard_bounds[u]
+            grad[a:b] = np.roll(grad[a:b], 1)  # BUG
 
     ZeRO1.sync_grads = bad
     return verify(comm)
@@ -194,7 +194,7 @@ def one_chunk_too_many(comm):
         if u == self.units[0] and self.comm.size > 1:
             n, r = self.comm.size, self.comm.rank
             a, b = self.flats[u].bounds((r - 1) % n)
-            self.comm.sendrecv(copy(self.param_shard(u)), (r + 1) % n, self.P[u][a:b], (r - 1) % n)  # BUG
+            self.comm.sendrecv(copy(self.param_shard(u)), (r + 1) % n, self.full_params[u][a:b], (r - 1) % n)  # BUG
 
     ZeRO1.after_update = after_update
 

@@ -4,7 +4,7 @@
     out = launch(4, "minipar.autoparallel.bench:compare", model="block", budget=20)
     out.results[0]["rows"]       # one row per strategy: predicted and measured seconds
 
-``compare`` is what ``minipar search`` runs on every rank:
+``compare`` is what ``minipar search`` runs on every rank (``format_report`` is what it prints):
 
 1. calibrate (cached: :mod:`minipar.autoparallel.calibrate`);
 2. search: every rank runs its own Markov chains (rank r starts from the r-th starting point,
@@ -24,7 +24,7 @@ from .calibrate import CLOCKS, calibrate
 from .execute import Executor
 from .graph import describe, hand_written, space
 from .models import build
-from .placement import Mesh
+from .sharding import Mesh
 from .search import decode, encode, mcmc
 from .simulate import Simulator
 
@@ -107,3 +107,21 @@ def compare(comm, model="block", mesh=None, budget=20.0, reps=5, dtype="float64"
             "found_cost": cost, "rows": rows, "alpha": costs.alpha, "beta": costs.beta, "gamma": costs.gamma,
             "iterations": int(stats[:, 0].sum()), "accepted": int(stats[:, 1].sum()), "chains": int(stats[:, 2].sum()),
             "budget": budget, "clock": clock, "load_average": os.getloadavg()[0], "cores": os.cpu_count()}
+
+
+def format_report(r) -> str:
+    sizes = " ".join(f"{k}={v}" for k, v in r["sizes"].items())
+    lines = [f"\nmodel {r['model']} ({sizes}), {r['ranks']} ranks, mesh {'x'.join(map(str, r['mesh']))}",
+             f"alpha-beta fit: alpha {r['alpha'] * 1e6:.1f} us, beta {r['beta'] * 1e9:.3f} ns/byte "
+             f"({1e-9 / r['beta'] if r['beta'] else float('inf'):.2f} GB/s), gamma {r['gamma'] * 1e9:.3f} ns/byte",
+             f"search: {r['iterations']} moves in {r['chains']} chains on {r['ranks']} ranks, {r['budget']:g} s",
+             f"times: {r['clock']} clock; load average {r['load_average']:.1f} on {r['cores']} cores at the end"
+             + (" (a busy machine: see docs/autoparallel.md)" if r["load_average"] > r["cores"] else ""),
+             f"\nstrategy found (predicted {r['found_cost'] * 1e3:.2f} ms per step):"]
+    lines += ["  " + line for line in r["found_lines"]]
+    w = max(len(row["strategy"]) for row in r["rows"]) + 2
+    lines += ["", f"  {'strategy':<{w}}{'predicted':>11}{'measured':>11}{'error':>8}{'comm (pred.)':>14}{'sent/rank':>12}"]
+    for row in r["rows"]:
+        lines.append(f"  {row['strategy']:<{w}}{row['predicted_s'] * 1e3:>8.2f} ms{row['measured_s'] * 1e3:>8.2f} ms"
+                     f"{row['error'] * 100:>+7.0f}%{row['comm_s'] * 1e3:>11.2f} ms{row['bytes'] / 1e6:>9.2f} MB")
+    return "\n".join(lines)

@@ -28,8 +28,8 @@ import numpy as np
 
 from .. import collectives
 from . import ops
-from .placement import P, R, Shard, block, local_block, plan
-from .transitions import run_step, step_time
+from .sharding import P, R, Shard, block, local_block
+from .transitions import redistribution_steps, run_step, step_time
 from .simulate import Costs, signatures
 
 SIZES = (2**10, 2**13, 2**16, 2**19)  # bytes per rank's tensor in the collective fit
@@ -144,7 +144,7 @@ def fit_network(comm, mesh, dtype="float64", sizes=SIZES, reps=5, clock="wall"):
             for src_pl, dst_pl in ((Shard(0), R), (P, R), (P, Shard(0)), (Shard(0), Shard(1))):
                 src = tuple(src_pl if i == axis else R for i in range(len(mesh.shape)))
                 dst = tuple(dst_pl if i == axis else R for i in range(len(mesh.shape)))
-                (step,) = plan(src, dst)
+                (step,) = redistribution_steps(src, dst)
                 x = comm.asarray(local_block(full, src, mesh.shape, mesh.coords))
                 comm.barrier()
                 t = _max_over_ranks(comm, _timed(lambda: run_step(mesh, x, step, shape), reps, clock=clock))
@@ -184,7 +184,7 @@ def calibrate(comm, graph, mesh_shape, dtype="float64", strategies=None, recalib
 
     ``strategies``: measure only the signatures these need (default: every one a search may
     visit). Cached as described in the module docstring."""
-    from .placement import Mesh
+    from .sharding import Mesh
 
     mesh = Mesh(mesh_shape, comm)
     path, key = cache_file(), machine_key(comm, dtype, mesh_shape, clock)

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import ops
 from .graph import layout
-from .placement import block, local_block, local_shape
+from .sharding import block, local_block, local_shape
 from .transitions import redistribute
 from ..xp import from_numpy, to_numpy, zeros
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from itertools import product
 
 from . import ops
-from .placement import P, R, Partial, Shard, block, pid
+from .sharding import P, R, Partial, Shard, block, pid
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from math import prod
 
 from ..nn import functional as F
 from ..xp import namespace, zeros
-from .placement import P, R, Shard
+from .sharding import P, R, Shard
 
 CATEGORY = {"B": "Sample", "T": "Attribute", "heads": "Parameter", "out": "Parameter", "in": "Parameter",
             "-": "replicated"}

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from math import prod
 
 from .execute import Compute, build_program
-from .placement import COMMUNICATING, Mesh, block, local_shape, plan
-from .transitions import local_bytes, step_bytes, step_time
+from .sharding import Mesh, block, local_shape
+from .transitions import COMMUNICATING, local_bytes, redistribution_steps, step_bytes, step_time
 
 
 def signature(graph, op, lay, coords, mesh_shape):
@@ -147,7 +147,7 @@ class Simulator:
         g, m, c = self.graph, self.mesh, self.costs
         shape = g.tensors[ins.name].shape if ins.name in g.tensors else g.param_shapes()[ins.name]
         out = []
-        for step in plan(ins.src, ins.dst):
+        for step in redistribution_steps(ins.src, ins.dst):
             if step.kind in COMMUNICATING:
                 tasks = []
                 for group in m.groups(step.axis):

@@ -1,6 +1,7 @@
-"""redistribute: move a tensor from one placement to another with minipar's own collectives.
+"""Moving a tensor from one placement to another: which steps, each with minipar's own collectives.
 
-    y = redistribute(mesh, x, (Shard(0),), (Shard(1),), shape=(10, 7))   # an all-to-all
+    redistribution_steps((Shard(0),), (Shard(1),))                        # (axis 0: S(0)->S(1) (all_to_all),)
+    y = redistribute(mesh, x, (Shard(0),), (Shard(1),), shape=(10, 7))   # runs that all-to-all
 
 Every transition on one mesh axis is one function below, run on that axis's sub-communicator:
 
@@ -16,18 +17,95 @@ Every transition on one mesh axis is one function below, run on that axis's sub-
 c = bytes of the largest piece a rank sends in one message (n/m when shapes divide): the ring
 and the pairwise exchange wait for their slowest message each step. The formulas are
 ``minipar.costmodel``'s; :func:`step_bytes` is what a rank sends, exact to the byte, and the
-tests compare it with the trace. Multi-axis moves are sequences of these steps
-(:func:`minipar.autoparallel.placement.plan`).
+tests compare it with the trace. A move is a sequence of these steps, one mesh axis each, in
+the order :func:`redistribution_steps` gives (on a 2-D mesh, changing axis 0 can undo axis 1).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil, prod
 
 from .. import collectives, costmodel
 from ..xp import chunk_bounds, contiguous, namespace, zeros
-from .placement import COMMUNICATING, as_mesh, block, check_fits, normalize, plan
+from .sharding import R, Partial, Replicate, Shard, as_mesh, block, check_fits, normalize
 
 ITEMSIZE_COUNTS = 8  # all_to_all_v swaps its counts as int64
+
+
+# --------------------------------------------------------------------------- the steps of a move
+
+
+@dataclass(frozen=True)
+class Step:
+    """One transition on one mesh axis: ``kind`` is the collective (or local op) it runs."""
+    axis: int
+    kind: str  # all_gather, reduce_scatter, all_reduce, all_to_all, slice, to_partial, shard_to_partial
+    src: object
+    dst: object
+    before: tuple  # placements of the whole tensor before this step
+    after: tuple
+
+    def __repr__(self):
+        return f"axis {self.axis}: {self.src!r}->{self.dst!r} ({self.kind})"
+
+
+COMMUNICATING = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+
+
+def step_kind(src, dst) -> str | None:
+    """The one operation that turns placement ``src`` into ``dst`` on one axis (None: nothing)."""
+    if src == dst:
+        return None
+    return {
+        (Shard, Replicate): "all_gather",        # everyone gets every piece
+        (Shard, Shard): "all_to_all",            # cut along the new dim, swap pieces
+        (Shard, Partial): "shard_to_partial",    # local: my piece inside zeros is an addend
+        (Partial, Replicate): "all_reduce",      # sum the addends, everyone gets the sum
+        (Partial, Shard): "reduce_scatter",      # sum the addends, each keeps its piece
+        (Replicate, Shard): "slice",             # local: keep my piece
+        (Replicate, Partial): "to_partial",      # local: coordinate 0 keeps it, the rest hold 0
+    }[type(src), type(dst)]
+
+
+@lru_cache(maxsize=None)
+def redistribution_steps(src, dst) -> tuple:
+    """The steps that turn placements ``src`` into ``dst`` (tuples, one entry per mesh axis).
+
+    On one axis it is one step. With two axes, changing how axis i splits dim d also changes
+    the piece that any later axis j > i splits along d, so such an axis is *reset* too. Reset
+    axes are first brought to Replicate from the last axis to the first (gathers never cut
+    through a later axis's split), then sent to their target from the first to the last. The
+    lowest reset axis goes straight from src to dst in one step (all-to-all, reduce-scatter,
+    ...) since nothing below it needs undoing.
+    """
+    n = len(src)
+    reset, touched = [False] * n, set()
+    for i in range(n):
+        if src[i] != dst[i] or (isinstance(src[i], Shard) and src[i].dim in touched):
+            reset[i] = True
+            touched |= {p.dim for p in (src[i], dst[i]) if isinstance(p, Shard)}
+    order = [i for i in range(n) if reset[i]]
+    steps, cur = [], list(src)
+
+    def go(axis, to):
+        kind = step_kind(cur[axis], to)
+        if kind is not None:
+            before = tuple(cur)
+            cur[axis] = to
+            steps.append(Step(axis, kind, before[axis], to, before, tuple(cur)))
+
+    for i in reversed(order[1:]):  # undo the higher axes: to Replicate, last axis first
+        go(i, R)
+    if order:
+        go(order[0], dst[order[0]])  # the lowest reset axis: straight there
+    for i in order[1:]:  # then the higher axes from Replicate to their target
+        go(i, dst[i])
+    assert tuple(cur) == tuple(dst), (src, dst, cur)
+    return tuple(steps)
+
+
+# --------------------------------------------------------------------------- moving a tensor
 
 
 def redistribute(comm_or_mesh, x, src, dst, shape):
@@ -40,7 +118,7 @@ def redistribute(comm_or_mesh, x, src, dst, shape):
     src, dst = normalize(src, len(mesh.shape)), normalize(dst, len(mesh.shape))
     check_fits(shape, src, mesh.shape, "src")
     check_fits(shape, dst, mesh.shape, "dst")
-    for step in plan(src, dst):
+    for step in redistribution_steps(src, dst):
         x = run_step(mesh, x, step, shape)
     return x
 

@@ -130,14 +130,3 @@ def cmd_machine(args) -> int:
                                          for n, r in rec["oversubscribed"].items()))
     print(f"wrote {out}")
     return 0
-
-
-def add_bench_command(bench_subparsers):
-    from ..cli import with_example
-
-    p = bench_subparsers.add_parser(
-        "machine", help="measure this machine for the planner: matmul rate, memory bandwidth, alpha/beta",
-        **with_example("minipar bench machine -n 2          # then: minipar plan --hardware this-machine ..."))
-    p.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--out", help="where to write the preset (default minipar/plan/this_machine.json)")
-    p.set_defaults(func=cmd_machine)

@@ -25,7 +25,6 @@ pairs' ratios), ``speedup_q1`` / ``speedup_q3`` (their quartiles), ``pairs``, an
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -179,66 +178,3 @@ def table(records) -> str:
                      f"{r['comm_s'] * 1e3:.3f} | {100 * r['comm_s'] / r['time_s']:.0f} | {r['speedup']:.2f}x | {spread} | "
                      f"{r['pairs'] if r['p'] > 1 else ''} | {r['weight_bytes'] / 2**20:.1f} |")
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def add_bench_command(bench_subparsers):
-    """Register ``minipar bench tp``."""
-    import argparse
-
-    from ..cli import SIZE_HELP, parse_size, positive, ranks
-
-    b = bench_subparsers.add_parser(
-        "tp", help="Megatron MLP step time for TP = 2, 4 against TP = 1: speedup, compute vs communication",
-        epilog="example:\n  minipar bench tp -n 2 4 --sizes 256 1K 4K --json tp.json\n"
-               "  minipar bench tp --tokens 1 --forward-only      # single-token inference",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("-n", type=ranks, nargs="+", default=list(DEFAULT_P), metavar="P",
-                   help="ranks = tensor-parallel sizes, one job each, every one against TP = 1 (default 2 4)")
-    b.add_argument("--sizes", type=parse_size, nargs="+", default=list(DEFAULT_SIZES), metavar="HIDDEN",
-                   help=f"hidden sizes d (the MLP is d -> 4d -> d; default 8 ... 4K); {SIZE_HELP}")
-    b.add_argument("--tokens", type=positive, default=256, help="batch x sequence rows per step (default 256)")
-    b.add_argument("--reps", type=positive, default=7, help="A/B pairs per size, at least (default 7)")
-    b.add_argument("--budget", type=float, default=0.3, help="seconds of pairs per size: more pairs where they are "
-                   "fast (default 0.3, at most 200 pairs)")
-    b.add_argument("--rounds", type=positive, default=1, help="repeat the jobs, keep the round with the median speedup (default 1)")
-    b.add_argument("--forward-only", action="store_true", help="time the forward only (inference)")
-    b.add_argument("--json", help="write the records here")
-    b.add_argument("--figures", default="", metavar="DIR", help="also draw tp_speedup.png and tp_comm_fraction.png here")
-    b.set_defaults(func=bench_command, validate=validate)
-
-
-def validate(args):
-    """Before launching: the MLP's 4d hidden units (fc1's columns, fc2's rows) split over every p."""
-    from ..errors import UsageError
-
-    for p in args.n:
-        bad = [d for d in args.sizes if (4 * d) % p]
-        if bad:
-            raise UsageError(f"-n {p}: the MLP's hidden layer of 4d does not split over {p} ranks for "
-                             f"--sizes {' '.join(map(str, bad))}")
-
-
-add_bench_tp = add_bench_command  # the name the course plan used
-
-
-def bench_command(args) -> int:
-    mode = "forward" if args.forward_only else "forward+backward"
-    print(f"Megatron MLP {mode}, {args.tokens} tokens, float32, one BLAS thread per rank; speedup = median over "
-          f"interleaved pairs of TP=1/TP=p step time, quartiles beside it", flush=True)
-    records = collect(args.n, args.sizes, args.tokens, args.reps, args.forward_only, args.rounds, budget=args.budget)
-    print(table(records))
-    for p in sorted({r["p"] for r in records} - {1}):
-        print(crossover(records, p))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
-        print(f"records: {args.json}")
-    if args.figures:
-        from ..figures.tp import make
-
-        for path in make(args.figures, records):
-            print(f"figure: {path}")
-    return 0

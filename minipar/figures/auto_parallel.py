@@ -58,7 +58,7 @@ def plot_strategy(reports, path):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from ..autoparallel import build, build_program, plan
+    from ..autoparallel import build, build_program, redistribution_steps
 
     chosen = {}
     for r in reports:  # the largest mesh of each model
@@ -80,7 +80,7 @@ def plot_strategy(reports, path):
         moves = {}
         for ins in prog.instructions:
             if getattr(ins, "what", None) == "act":
-                moves[ins.name, ins.dst] = ", ".join(s.kind.replace("_", "-") for s in plan(ins.src, ins.dst))
+                moves[ins.name, ins.dst] = ", ".join(s.kind.replace("_", "-") for s in redistribution_steps(ins.src, ins.dst))
         for op in g.ops:
             for k, t in enumerate(op.inputs):
                 (x0, y0), (x1, y1) = pos[t], pos[op.output]
@@ -96,7 +96,7 @@ def plot_strategy(reports, path):
             choice = strategy[op.name]
             x, y = pos[op.output]
             grad_comm = any(m.what == "param" and m.name in op.params and any(
-                s.kind in ("all_reduce", "reduce_scatter", "all_gather") for s in plan(m.src, m.dst))
+                s.kind in ("all_reduce", "reduce_scatter", "all_gather") for s in redistribution_steps(m.src, m.dst))
                 for m in prog.instructions if getattr(m, "what", None) == "param")
             ax.text(x, y, f"{op.name}\n{','.join(choice)}" + (" *" if grad_comm else ""), ha="center", va="center",
                     fontsize=8, bbox=dict(boxstyle="round,pad=0.35", fc=COLORS[_category(choice)], ec="k", lw=0.6,

@@ -142,7 +142,7 @@ def bubble_cases():
     for label, sched, costs in cases:
         sim = simulate(sched, costs)
         ev = [(e.rank, e.start, e.end) for e in sim.events]
-        out.append((label, ev, sched.stages, sched.microbatches, sim.bubble_fraction, sum(sim.idle), sim.makespan,
+        out.append((label, ev, sched.ranks, sched.microbatches, sim.bubble_fraction, sum(sim.idle), sim.makespan,
                     sum(sim.busy)))
     label, ev, p, m, want, idle, span, busy = out[2]
     shifted = [(r, s + 100, e + 100) for r, s, e in ev]   # a measured trace does not start at 0
@@ -189,7 +189,7 @@ def describe_pairing_error(action, schedule, got, want):
     s, kind, i = action
     r = schedule.stage_to_rank[s]
     m = schedule.microbatches
-    head = (f"{schedule.name} p={schedule.stages} m={m} v={schedule.chunks}, "
+    head = (f"{schedule.name} p={schedule.ranks} m={m} v={schedule.chunks}, "
             f"rank {r}'s action {action}")
     what = {"F": "activation", "B": "gradient", "I": "gradient", "W": "nothing"}[kind]
     for side, g, w in (("receives", got[0], want[0]), ("sends", got[1], want[1])):
@@ -230,7 +230,7 @@ def check_pairing_table(fn, schedules):
             for a in ops:
                 got = fn(a, sched)
                 if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                    return [f"peer_and_tag({a}, {sched.name} p={sched.stages}) returned {got!r}; "
+                    return [f"peer_and_tag({a}, {sched.name} p={sched.ranks}) returned {got!r}; "
                             f"expected (recv, send), each (rank, tag) or None"]
                 got = (_normal(got[0]), _normal(got[1]))
                 want = peer_and_tag(a, sched)
@@ -266,7 +266,7 @@ def check_peer_and_tag(comm, fn):
     out = []
     for sched in pairing_schedules(comm.size):
         g, loss, mine, ref, ref_loss = step_with_pairing(comm, sched, fn)
-        label = f"a training step of {sched.name} p={sched.stages} m={sched.microbatches} v={sched.chunks} with your pairing"
+        label = f"a training step of {sched.name} p={sched.ranks} m={sched.microbatches} v={sched.chunks} with your pairing"
         out += no_builtin(comm, g, "peer_and_tag", "nothing: it only names peers and tags")
         err = rel_error(np.float64(loss if loss is not None else np.nan), np.float64(ref_loss))
         if not err <= TOLERANCE and comm.rank == 0:

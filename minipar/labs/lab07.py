@@ -241,11 +241,11 @@ def lifo_gpipe(p, m):
 
 def inflight_cases():
     """(label, p, m, v, actions), smallest first."""
-    out = [(f"{s.name} p={s.stages} m={s.microbatches} v={s.chunks}", s.stages, s.microbatches, s.chunks, s.actions)
+    out = [(f"{s.name} p={s.ranks} m={s.microbatches} v={s.chunks}", s.ranks, s.microbatches, s.chunks, s.actions)
            for s in (naive(2), gpipe(2, 3), one_f_one_b(1, 3), one_f_one_b(3, 2), one_f_one_b(4, 8))]
     out += [("1f1b with one more warm-up forward, p=4 m=6 v=1", 4, 6, 1, eager_1f1b(4, 6)),
             ("gpipe with backwards last-in first-out, p=3 m=4 v=1", 3, 4, 1, lifo_gpipe(3, 4))]
-    out += [(f"{s.name} p={s.stages} m={s.microbatches} v={s.chunks}", s.stages, s.microbatches, s.chunks, s.actions)
+    out += [(f"{s.name} p={s.ranks} m={s.microbatches} v={s.chunks}", s.ranks, s.microbatches, s.chunks, s.actions)
             for s in (interleaved_1f1b(2, 4, 2), interleaved_1f1b(3, 3, 3), zero_bubble_h1(4, 6), zero_bubble_h1(3, 2))]
     return out
 

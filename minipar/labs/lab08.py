@@ -23,9 +23,10 @@ import math
 
 import numpy as np
 
-from ..autoparallel import Mesh, P, R, Shard, assemble, build, layout, local_block, plan, step_bytes, step_time
+from ..autoparallel import (Mesh, P, R, Shard, assemble, build, layout, local_block, redistribution_steps, step_bytes,
+                           step_time)
 from ..autoparallel.graph import choices
-from ..autoparallel.placement import step_kind
+from ..autoparallel.transitions import step_kind
 from ..lessons.auto_parallel import _noise
 from ..xp import to_numpy
 from .checks import COLLECTIVES, compare, graded, no_builtin, ran, sent, sent_by_learner, stop
@@ -120,7 +121,7 @@ def check_transition_cost(comm, fn):
             kind, want_kind = got[0], step_kind(src, dst)
             if kind != want_kind:
                 return [f"{call}: the move is {want_kind!r} ({WHAT[want_kind]}), not {kind!r}"]
-            steps = plan((src,), (dst,))
+            steps = redistribution_steps((src,), (dst,))
             want = sum(step_time(s, shape, (m,), (0,), item, a, b, g) for s in steps)
             try:
                 secs = float(got[1])
@@ -136,7 +137,7 @@ def check_transition_cost(comm, fn):
 
 def _traffic(comm, g, src, dst, shape, mesh_shape, coords, case):
     """This rank's bytes sent during the call against the formula of every step, exactly."""
-    steps = plan(src, dst)
+    steps = redistribution_steps(src, dst)
     want = sum(step_bytes(s, shape, mesh_shape, coords, 8) for s in steps)
     got, _, _ = sent(comm, g.events)
     if got == want:

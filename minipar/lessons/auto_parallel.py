@@ -30,12 +30,11 @@ import itertools
 import numpy as np
 
 from ..autoparallel import (Executor, Mesh, Partial, R, P, Shard, assemble, build, fmt, hand_written,
-                            local_block, plan, predicted_bytes, redistribute, space, step_bytes)
-from ..autoparallel.placement import local_shape
+                            local_block, predicted_bytes, redistribute, redistribution_steps, space, step_bytes)
+from ..autoparallel.sharding import local_shape
 from ..trace import bytes_sent
 from ..xp import chunk_bounds, to_numpy
-from .common import run_and_report
-from .common import merge_rows as summarize
+from .common import merge_rows as summarize  # noqa: F401  (re-exported for tests)
 from .tensor_parallel import Checks
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -79,7 +78,7 @@ def check_redistribute(ch, comm, mesh_shape, shapes, seed=0):
                 sent = bytes_sent(comm.tracer.events[start:], comm.world_rank(comm.rank))
                 comm.tracer.enabled = was
                 del comm.tracer.events[start:]
-                want_b = sum(step_bytes(s, shape, mesh_shape, mesh.coords, item) for s in plan(src, dst))
+                want_b = sum(step_bytes(s, shape, mesh_shape, mesh.coords, item) for s in redistribution_steps(src, dst))
                 if sent != want_b:
                     wrong_bytes.append(f"{fmt(src)}->{fmt(dst)} sent {sent} B, formula {want_b} B")
         # the reference: gather everything (the engine's transport, not ours), assemble, cut out
@@ -288,28 +287,3 @@ def against_dtensor(comm, seed=0, pairs_2d=32):
             ch.flag(f"DTensor splits {n} over {m} as {got} (torch.chunk: {chunk}); minipar as {ours} (chunk_bounds)",
                     float(got != chunk))
     return ch.rows
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def add_run_command(run_subparsers):
-    """``minipar run -n 4 auto_parallel [--backend torch] [--dtype float32]``."""
-    from ..cli import lesson_run_parser
-
-    r = lesson_run_parser(run_subparsers, "auto_parallel", "redistribute every placement pair; strategies vs dense",
-                          "minipar run -n 4 auto_parallel --backend torch")
-    r.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    r.set_defaults(func=run_command)
-
-
-def run_command(args):
-    return run_and_report(args, f"placements, redistribute and strategies ({args.dtype}) against the dense model",
-                          "minipar.lessons.auto_parallel:verify", summarize=summarize, dtypes=(args.dtype,))
-
-
-def add_commands(subparsers):
-    """The ``search`` verb (see :mod:`minipar.autoparallel.cli`)."""
-    from ..autoparallel.cli import add_search_command
-
-    add_search_command(subparsers)

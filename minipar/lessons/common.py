@@ -38,27 +38,3 @@ def format_rows(rows, prefix="") -> str:
     width = max((len(r["what"]) for r in rows), default=0) + 2
     return "\n".join(f"  {'ok  ' if r['ok'] else 'FAIL'} {r['what']:<{width}} max rel. error {r['error']:.1e} "
                      f"(tolerance {r['tolerance']:.0e})" for r in rows)
-
-
-def run_and_report(args, what: str, target: str, summarize=merge_rows, **kwargs) -> int:
-    """``minipar run`` for a lesson: launch ``target`` on ``args.n`` ranks, print the check rows,
-    write ``--trace`` / ``--json`` if asked; exit code 0 only if every row is ok."""
-    import json
-    import time
-
-    from ..launcher import launch
-    from ..trace import write_chrome_trace
-
-    print(f"{what} on {args.n} ranks ({args.backend}): launching {target} ...", flush=True)
-    t0 = time.perf_counter()
-    out = launch(args.n, target, backend=args.backend, trace=bool(args.trace), quiet=True, **kwargs)
-    rows = summarize(out.results)
-    print(f"{len(rows)} checks ran in {time.perf_counter() - t0:.1f} s on {args.n} ranks:", flush=True)
-    print(format_rows(rows))
-    if args.trace:
-        print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events; open in https://ui.perfetto.dev)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0 if all(r["ok"] for r in rows) else 1

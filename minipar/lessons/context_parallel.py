@@ -35,7 +35,7 @@ from ..context_parallel import ring, ulysses
 from ..nn import functional as F
 from ..trace import bytes_sent
 from ..xp import nbytes, to_numpy
-from .common import rel_error, run_and_report
+from .common import rel_error
 from .tensor_parallel import Checks, expect_error, randomize, traced
 
 METHODS = {"ring": (ring_attention_forward, ring_attention_backward, ring.traffic),
@@ -299,11 +299,3 @@ def balance(comm, T=None, nh=4, hs=64):
         out[kind] = {"regions": regions, "busy": sum(b - a for _, a, b in regions),
                      "wall": max(e.t_end for e in ev) - min(e.t_start for e in ev)}
     return out
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def run_command(args):
-    return run_and_report(args, f"ring attention and Ulysses ({args.dtype}) against dense attention",
-                          "minipar.lessons.context_parallel:verify", dtypes=(args.dtype,))

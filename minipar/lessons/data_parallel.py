@@ -38,7 +38,7 @@ from ..memory import zero_bytes
 from ..trace import SEND_KINDS, bytes_sent, merge
 from ..xp import to_numpy
 from ..zero import ZeRO
-from .common import format_rows, run_and_report  # noqa: F401  (format_rows: re-exported)
+from .common import format_rows  # noqa: F401  (format_rows: re-exported)
 from .common import merge_rows as summarize  # noqa: F401  (re-exported for notebooks and tests)
 
 DIMS = (5, 7, 6, 3)  # units of 42, 48 and 21 weights
@@ -320,38 +320,3 @@ def tour(comm, seed=0, offload_dir=None):
 
     return (verify(comm, seed=seed) + _rows_memory(memory(comm, seed=seed)) + _rows_traffic(traffic(comm, seed=seed))
             + zero_infinity.offload(comm, seed=seed, path=offload_dir) + zero_infinity.tiling(comm, seed=seed))
-
-
-def add_run_command(run_subparsers):
-    """``minipar run -n 4 data_parallel [--backend torch] [--offload-dir DIR]``."""
-    from ..cli import lesson_run_parser
-
-    r = lesson_run_parser(run_subparsers, "data_parallel",
-                          "DP, DDP (buckets, overlap), ZeRO-1/2/3 vs one process; NVMe offload, Memory-Centric Tiling",
-                          "minipar run -n 3 data_parallel --backend torch\n  minipar run -n 2 data_parallel --offload-dir /mnt/nvme",
-                          validate=_check_offload_dir)
-    r.add_argument("--offload-dir", metavar="DIR", help="where NVMe offload keeps its state files (default: a temporary "
-                                                        "directory, removed afterwards)")
-    r.set_defaults(func=run_command)
-
-
-def _check_offload_dir(args):
-    import os
-
-    from ..errors import UsageError
-
-    d = getattr(args, "offload_dir", None)
-    if d is not None and not os.path.isdir(d):
-        raise UsageError(f"--offload-dir {d}: not a directory")
-
-
-def run_command(args):
-    return run_and_report(args, "DP, DDP and ZeRO against one process", "minipar.lessons.data_parallel:tour",
-                          offload_dir=getattr(args, "offload_dir", None))
-
-
-def add_bench_command(bench_subparsers):
-    """``minipar bench offload``: the step time of each home of the optimizer state."""
-    from .zero_infinity import add_bench_command as offload
-
-    offload(bench_subparsers)

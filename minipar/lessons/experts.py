@@ -31,7 +31,7 @@ from ..nn import Linear, functional as F
 from ..optim import sgd_step
 from ..trace import bytes_sent
 from ..xp import namespace, size, to_numpy
-from .common import rel_error, run_and_report
+from .common import rel_error
 from .tensor_parallel import TOLERANCE, Checks, expect_error, traced
 
 N, C, H = 12, 6, 10  # tokens per rank, model width, expert hidden width
@@ -208,8 +208,3 @@ def dispatch_matrix(comm, E=None, k=2, seed=3, n_tokens=32):
     _, ctx = ExpertParallelMoE(comm, dense).forward(comm.asarray(x))
     r = ctx["routing"]
     return {"kept": r.counts.tolist(), "routed": r.routed.tolist(), "capacity": dense.group_capacity(n_tokens)}
-
-
-def run_command(args):
-    return run_and_report(args, f"expert parallelism ({args.dtype}) against one process",
-                          "minipar.lessons.experts:verify", dtypes=(args.dtype,))

@@ -76,7 +76,7 @@ def check_schedules(comm, m=4, v=2, layers=8, width=16, b=3, seed=0, kinds=KINDS
         out, mine, ref, ref_loss = run_one(comm, sched, layers, width, b, seed, scale)
         last = sched.stage_to_rank[sched.total_stages - 1]
         loss = comm.builtin.bcast_object(out["loss"], root=last)
-        label = f"{sched.name} p={sched.stages} m={sched.microbatches} v={sched.chunks}"
+        label = f"{sched.name} p={sched.ranks} m={sched.microbatches} v={sched.chunks}"
         err = rel_error(np.float64(loss), np.float64(ref_loss))
         rows.append({"what": f"{label}: loss vs dense", "error": err, "tolerance": TOLERANCE,
                      "ok": bool(err <= TOLERANCE)})
@@ -124,8 +124,8 @@ def measure(comm, schedule="1f1b", m=8, v=2, layers=8, width=128, b=64, seed=0, 
     sched = make_schedule(schedule, comm.size, m, v)
     _, events = traced_runs(comm, sched, layers, width, b, seed, repeats)
     sim = simulate(sched, {"F": 1, "B": 2})
-    return {"schedule": sched.name, "p": sched.stages, "m": sched.microbatches, "v": sched.chunks,
-            "measured": measured_bubble(events, sched.stages), "simulated": float(sim.bubble_fraction)}
+    return {"schedule": sched.name, "p": sched.ranks, "m": sched.microbatches, "v": sched.chunks,
+            "measured": measured_bubble(events, sched.ranks), "simulated": float(sim.bubble_fraction)}
 
 
 def profile(comm, schedule="1f1b", m=8, v=2, layers=None, width=256, b=64, seed=0, repeats=3,
@@ -149,11 +149,11 @@ def profile(comm, schedule="1f1b", m=8, v=2, layers=None, width=256, b=64, seed=
     costs = measured_costs(evs, sched)
     sim = simulate(sched, costs)
     replay = simulate(sched, costs, durations=measured_durations(evs))
-    return {"schedule": sched.name, "stages": sched.stages, "microbatches": sched.microbatches,
-            "chunks": sched.chunks, "measured_bubble_fraction": measured_bubble(evs, sched.stages),
+    return {"schedule": sched.name, "stages": sched.ranks, "microbatches": sched.microbatches,
+            "chunks": sched.chunks, "measured_bubble_fraction": measured_bubble(evs, sched.ranks),
             "simulated_bubble_fraction": float(sim.bubble_fraction),
             "replayed_bubble_fraction": float(replay.bubble_fraction),
-            "theory_bubble_fraction": float(theory_bubble_fraction(sched.name, sched.stages, sched.microbatches, sched.chunks)),
+            "theory_bubble_fraction": float(theory_bubble_fraction(sched.name, sched.ranks, sched.microbatches, sched.chunks)),
             "max_grad_error": gerr,
             "costs": {k: float(getattr(costs, k)) for k in ("F", "B", "I", "W", "p2p")},
             "events": evs if events and comm.rank == 0 else None}

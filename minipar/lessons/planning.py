@@ -27,7 +27,6 @@ from .. import nn
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..comm.link import ENV, LINKS, QUANTUM, SLOWDOWN_ENV
 from ..xp import chunk_bounds
-from .common import merge_rows as summarize
 from .common import rel_error
 
 # ZeRO (Rajbhandari et al. 2020), Table 1: GB per device, model states only; columns
@@ -346,21 +345,6 @@ def tour(comm, slowdown=20.0):
     return rows
 
 
-def run_cmd(args) -> int:
-    from .common import run_and_report
-
-    return run_and_report(args, "lesson 07: the planner's tables and an emulated link", "minipar.lessons.planning:tour",
-                          summarize=summarize)
-
-
-def add_run_command(run_subparsers):
-    from ..cli import lesson_run_parser
-
-    p = lesson_run_parser(run_subparsers, "planning", "the planner's tables checked; an emulated link on real ranks",
-                          "minipar run -n 4 planning")
-    p.set_defaults(func=run_cmd)
-
-
 def bench_links(args) -> int:
     from ..plan.hardware import this_machine
 
@@ -382,17 +366,3 @@ def bench_links(args) -> int:
             json.dump(rows, f, indent=1)
         print(f"wrote {args.json}")
     return 0
-
-
-def add_bench_command(bench_subparsers):
-    from ..cli import with_example
-
-    p = bench_subparsers.add_parser(
-        "links", help="DDP and TP under emulated links, measured vs the planner's prediction",
-        **with_example("minipar bench machine && minipar bench links --slowdown 200"))
-    p.add_argument("--links", nargs="+", default=["none", "nvlink", "pcie", "ethernet"],
-                   choices=["none", *LINKS], help="links to emulate (none: the real transfer only)")
-    p.add_argument("--slowdown", type=float, default=200.0, help="stretch every emulated link this much (default 200)")
-    p.add_argument("--steps", type=int, default=5, help="measured steps per run, best taken (default 5)")
-    p.add_argument("--json", help="write the rows here")
-    p.set_defaults(func=bench_links)

@@ -32,17 +32,3 @@ def figure_runs(comm, quick=False):
             "dispatch": experts.dispatch_matrix(comm),
             "training": {w: experts.train(comm, steps=steps, n_tokens=tokens, aux_weight=w, lr=0.2)
                          for w in (0.0, 0.3)}}
-
-
-def add_run_command(run_subparsers):
-    """``minipar run -n 4 context_parallel`` and ``minipar run -n 4 experts``."""
-    from ..cli import lesson_run_parser
-
-    for name, module, help, example in (
-            ("context_parallel", context_parallel, "ring attention, Ulysses vs dense attention: traffic, overlap, memory",
-             "minipar run -n 4 context_parallel --trace cp.json"),
-            ("experts", experts, "mixture of experts, experts sharded over ranks (all-to-all), EP x DP training",
-             "minipar run -n 4 experts --backend torch --dtype float32")):
-        r = lesson_run_parser(run_subparsers, name, help, example)
-        r.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-        r.set_defaults(func=module.run_command)

@@ -26,7 +26,7 @@ from .. import tensor_parallel as tp
 from ..trace import bytes_sent, count
 from ..xp import chunk_bounds, to_numpy
 from ..errors import UsageError
-from .common import format_rows, rel_error, run_and_report  # noqa: F401  (format_rows: re-exported)
+from .common import format_rows, rel_error  # noqa: F401  (format_rows: re-exported)
 from .common import merge_rows as summarize  # noqa: F401  (re-exported for notebooks and tests)
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
@@ -274,7 +274,7 @@ def against_torch_tp(comm, seed=0, tokens=6, d_model=16, d_hidden=64):
     return ch.rows
 
 
-# --------------------------------------------------------------------------- command line
+# --------------------------------------------------------------------------- what fits on n ranks
 
 
 def split_sizes(sizes=None) -> dict:
@@ -291,19 +291,3 @@ def check_world_size(n: int, sizes=None):
         shape = ", ".join(f"{k}={v}" for k, v in split.items())
         raise UsageError(f"-n {n}: the tensor-parallel model ({shape}) does not split over {n} ranks; "
                          f"use -n {', '.join(fits[:-1])} or {fits[-1]}")
-
-
-def add_run_command(run_subparsers):
-    """``minipar run -n 4 tensor_parallel [--backend torch] [--dtype float32] [--trace FILE]``."""
-    from ..cli import lesson_run_parser
-
-    r = lesson_run_parser(run_subparsers, "tensor_parallel", "column/row splits, Megatron MLP and attention, SP, SUMMA vs dense",
-                          "minipar run -n 4 tensor_parallel --backend torch --dtype float32",
-                          validate=lambda args: check_world_size(args.n))
-    r.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    r.set_defaults(func=run_command)
-
-
-def run_command(args):
-    return run_and_report(args, f"tensor parallelism ({args.dtype}) against the dense model",
-                          "minipar.lessons.tensor_parallel:verify", dtypes=(args.dtype,))

@@ -209,7 +209,7 @@ def check_accounting(comm, configs, mutant=None):
 def cp_table(comm, cps=(1, 2, 4), tp=1, attention="ring", microbatches=1):
     """The documented model (docs/train.md) on dp1 pp1 cp tp for each cp: rank 0's activation
     peak and bytes per step over cp, tp and dp, measured and predicted, from one traced step."""
-    from ..train.cli import DEFAULT_MODEL
+    from ..train.config import DEFAULT_MODEL
 
     out = []
     for cp in cps:
@@ -277,7 +277,7 @@ def check_checkpoint_cases(comm, directory, cases):
 def save_then_crash(comm, directory):
     """Train 2 steps saving after each; the second save dies after writing its shards and index
     but before its rename (the job aborts): the first checkpoint must stay the loadable one."""
-    from ..train.checkpoint import save
+    from ..train.saving import save
     from ..train.trainer import train
 
     cfg = make_config(steps=1)
@@ -338,20 +338,3 @@ def tour(comm):
             rows.append(row("planted bug (tied gradient not summed) caught by the tied-copies check",
                             0.0 if bad and not any(r["ok"] for r in bad) else 1.0, 0.0))
     return rows
-
-
-def add_run_command(run_subparsers):
-    """``minipar run -n 4 train``: the tour's checks of lesson 05 on n ranks (``minipar train``
-    is the training run itself)."""
-    from ..cli import lesson_run_parser
-
-    r = lesson_run_parser(run_subparsers, "train", "a small GPT on a DP x PP x TP grid vs one process: losses, "
-                          "replicas, activation peak and traffic vs the formulas",
-                          "minipar run -n 4 train --backend torch")
-    r.set_defaults(func=run_command)
-
-
-def run_command(args):
-    from .common import run_and_report
-
-    return run_and_report(args, "3D-parallel GPT against one process", "minipar.lessons.train:tour")

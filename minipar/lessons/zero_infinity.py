@@ -124,20 +124,6 @@ def offload_cost(comm, units=8, width=1024, batch=16, steps=5, seed=0, path=None
     return out
 
 
-def add_bench_command(bench_subparsers):
-    from ..cli import with_example
-
-    p = bench_subparsers.add_parser(
-        "offload", help="ZeRO-2 step time with the optimizer state in memory, on the host, in a memory-mapped file",
-        **with_example("minipar bench offload -n 2 --offload-dir /mnt/nvme"))
-    p.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--width", type=int, default=1024, help="8 layers Linear(width, width) (default 1024)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps each, medians (default 5)")
-    p.add_argument("--mixed", action="store_true", help="mixed precision (float16 matmuls: slow in NumPy)")
-    p.add_argument("--offload-dir", help="where the state files go (default: a temporary directory, removed after)")
-    p.set_defaults(func=bench_offload)
-
-
 def bench_offload(args) -> int:
     from ..errors import UsageError
     from ..launcher import launch

@@ -114,7 +114,9 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
     the shape of the activation entering stage s+1. dtype: of the activations and gradients
     (default: that of the micro-batches). pairing(action, schedule) -> (recv, send), each a
     (rank, tag) or None: who each message comes from and goes to (default :func:`peer_and_tag`;
-    lab 03 grades a learner's by running it here). Gradients accumulate into the modules.
+    lab 03 grades a learner's by running it here). check: validate the schedule first (a schedule
+    that passed is not checked again while unchanged: the trainer's later steps pay one comparison
+    here). Gradients accumulate into the modules.
     after_action(action, held): called after every action with ``held`` = {"ctx": the forward
     contexts, "dy": the output gradients kept for W}, what this rank holds for its backwards
     (the trainer counts activation memory there).
@@ -131,8 +133,8 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
     """
     if check:
         validate(schedule)
-    if comm.size != schedule.stages:
-        raise ValueError(f"schedule {schedule.name} is for p={schedule.stages} ranks, comm has {comm.size}")
+    if comm.size != schedule.ranks:
+        raise ValueError(f"schedule {schedule.name} is for p={schedule.ranks} ranks, comm has {comm.size}")
     m, S, owner, me = schedule.microbatches, schedule.total_stages, schedule.stage_to_rank, comm.rank
     if len(microbatches) != m or len(targets) != m:
         raise ValueError(f"need m={m} micro-batches and targets, got {len(microbatches)} and {len(targets)}")
@@ -246,7 +248,7 @@ def buffers_in_flight(schedule: Schedule, rank: int, pairing=peer_and_tag) -> di
             if src is not None and src[0] != q:
                 where[(src[0], src[1])] = (q, k)
     steps, _ = lockstep(schedule)
-    know = [[-1] * schedule.stages for _ in ops]  # know[r][q]: q's last action r knows has started
+    know = [[-1] * schedule.ranks for _ in ops]  # know[r][q]: q's last action r knows has started
     carried = {}  # (sender, tag) -> what the sender knew when it sent
     for _, r, k in sorted((t, r, k) for r, row in enumerate(steps) for k, t in enumerate(row)):
         src, dst = pairing(ops[r][k], schedule)
@@ -361,7 +363,7 @@ def trace_timeline(events, schedule: Schedule, unit: float = 1e-3) -> SimResult:
     t0 = min(e.t_start for _, e in acts)
     evs = sorted((SimEvent(e.rank, a, (e.t_start - t0) / unit, (e.t_end - t0) / unit) for a, e in acts),
                  key=lambda e: (e.rank, e.start))
-    p = schedule.stages
+    p = schedule.ranks
     makespan = max(e.end for e in evs)
     busy = [sum(e.end - e.start for e in evs if e.rank == r) for r in range(p)]
     idle = [makespan - b for b in busy]

@@ -41,7 +41,7 @@ def plot_timeline(ax, sim_result, title: str | None = None):
     from matplotlib.patches import Patch
 
     sched = sim_result.schedule
-    p, v = sched.stages, sched.chunks
+    p, v = sched.ranks, sched.chunks
     T = float(sim_result.makespan)
     for r in range(p):   # light grey lane: whatever stays grey is a bubble (idle rank)
         ax.broken_barh([(0, T)], (r - 0.4, 0.8), facecolor="#EEEEEE", edgecolor="none")
@@ -76,7 +76,7 @@ def save_timeline(path, sim_result, title: str | None = None):
     """One timeline in its own figure file (used by ``minipar schedule --plot``)."""
     plt = _pyplot()
     width = min(18, 4 + 0.25 * float(sim_result.makespan))
-    fig, ax = plt.subplots(figsize=(width, 0.5 * sim_result.schedule.stages + 1.6))
+    fig, ax = plt.subplots(figsize=(width, 0.5 * sim_result.schedule.ranks + 1.6))
     plot_timeline(ax, sim_result, title)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -195,10 +195,10 @@ def plot_measured_vs_simulated(path, measured, simulated, note: str = ""):
     plt = _pyplot()
     sched = measured.schedule
     T = max(float(measured.makespan), float(simulated.makespan))
-    fig, axes = plt.subplots(2, 1, figsize=(min(18, 6 + 0.3 * len(measured.events) / sched.stages),
-                                            2 * (0.5 * sched.stages + 1.3)), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(min(18, 6 + 0.3 * len(measured.events) / sched.ranks),
+                                            2 * (0.5 * sched.ranks + 1.3)), sharex=True)
     c = simulated.costs
-    head = f"{sched.name}: p={sched.stages}, m={sched.microbatches}" + (f", v={sched.chunks}" if sched.chunks > 1 else "")
+    head = f"{sched.name}: p={sched.ranks}, m={sched.microbatches}" + (f", v={sched.chunks}" if sched.chunks > 1 else "")
     plot_timeline(axes[0], measured, f"measured on real ranks ({head}) — bubble {float(measured.bubble_fraction):.1%}")
     plot_timeline(axes[1], simulated, f"simulated with the measured costs F={float(c.F):.2f} ms, "
                                       f"B={float(c.B):.2f} ms, p2p={float(c.p2p):.2f} ms — bubble "

@@ -96,8 +96,8 @@ def simulate(schedule: Schedule, costs=None, check: bool = True, durations=None)
     duration = {k: getattr(c, k) / v for k in "FBIW"}
     S, owner = schedule.total_stages, schedule.stage_to_rank
     end: dict[Action, object] = {}
-    free = [_exact(0)] * schedule.stages
-    pos = [0] * schedule.stages
+    free = [_exact(0)] * schedule.ranks
+    pos = [0] * schedule.ranks
     events = []
 
     def arrival(dep, rank):
@@ -124,7 +124,7 @@ def simulate(schedule: Schedule, costs=None, check: bool = True, durations=None)
     if any(pos[r] < len(ops) for r, ops in enumerate(schedule.actions)):
         raise ScheduleError(f"{schedule.name}: deadlock in simulation; run validate() for the grid")
 
-    p = schedule.stages
+    p = schedule.ranks
     events.sort(key=lambda e: (e.rank, e.start))
     makespan = max(free)
     busy = [_exact(0)] * p  # one pass over the events (a pass per rank is slow for long schedules)

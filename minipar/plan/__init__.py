@@ -10,7 +10,8 @@ recompute) to run, how much memory per GPU, how long a step, and why.
 
 Modules: ``models`` (parameters, FLOPs), ``hardware`` (presets with sources), ``memory``
 (ZeRO states + Korthikanti activations), ``timing`` (compute, collectives, DP), ``pipeline``
-(lesson 03's simulator), ``search``, ``advice`` (runners-up, seed 003's rule of thumb), ``cli``.
+(lesson 03's simulator), ``search``, ``advice`` (runners-up, seed 003's rule of thumb), ``report`` (what ``minipar plan``
+prints).
 """
 from __future__ import annotations
 

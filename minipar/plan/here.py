@@ -57,7 +57,7 @@ def run_grid(comm, cfg, steps: int) -> dict:
 
 def train_config(dp, pp, tp, batch=32, **kw):
     """The benchmark's configuration of a grid (``minipar bench train``): 1f1b, m = 2 pp."""
-    from ..train.cli import DEFAULT_MODEL
+    from ..train.config import DEFAULT_MODEL
     from ..train.model import GPTConfig
     from ..train.trainer import TrainConfig
 

@@ -9,11 +9,12 @@
     config.py     TrainConfig (the grid dp x pp x cp x tp, schedule, model, data) and check_shapes
     trainer.py    the step composing TP layers, CP attention, experts, the pipeline executor and
                   the DP/ZeRO engine
-    checkpoint.py sharded checkpoints that reshard onto any grid
+    checkpoint.py sharded checkpoints that reshard onto any grid: reading, checking, resuming
+    saving.py     writing one: the folder's lock, a checksum per shard, renames a kill survives
     generate.py   greedy decoding with a KV cache on a TP group
     accounting.py activation memory and bytes per step: the formulas the runs must equal
     mutants.py    the planted bugs the checks must catch
-    cli.py        the train and generate verbs;  bench.py: ``minipar bench train``
+    bench.py      ``minipar bench train`` (its verbs, with train and generate: minipar/cli/train.py)
     torch_oracle.py  the same GPT in torch autograd (the oracle of the tests)
 
 docs/train.md derives every formula; docs/benchmarks_train.md has the measurements.

@@ -2,7 +2,7 @@
 
     minipar bench train --json docs/bench_train.json
 
-One run measures, at the documented model size (``cli.DEFAULT_MODEL``, the sorting task,
+One run measures, at the documented model size (``config.DEFAULT_MODEL``, the sorting task,
 global batch 32 x 32 tokens):
 
 - this machine's matmul rate: one BLAS thread, a (1024 x 256) x (256 x 1024) float64 product,
@@ -96,7 +96,7 @@ def recompute_table(base, steps, ranks=4):
 
 def run(args) -> int:
     from ..launcher import launch
-    from .cli import DEFAULT_MODEL
+    from .config import DEFAULT_MODEL
     from .model import GPTConfig
     from .trainer import TrainConfig, check_shapes
 
@@ -144,15 +144,3 @@ def run(args) -> int:
                        "decode_s_per_token": decode}, f, indent=1)
         print(f"wrote {args.json}")
     return 0
-
-
-def add_bench(bench_subparsers):
-    from ..cli import with_example
-
-    p = bench_subparsers.add_parser("train", help="tokens/s and MFU of every grid vs one process",
-                                    **with_example("minipar bench train --steps 3 --json bench_train.json"))
-    p.add_argument("--steps", type=int, default=3, help="timed steps per grid (after one warm-up)")
-    p.add_argument("--batch", type=int, default=32, help="global batch in samples (default 32)")
-    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
-    p.add_argument("--json", metavar="FILE")
-    p.set_defaults(func=run)

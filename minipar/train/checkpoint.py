@@ -1,13 +1,15 @@
 """Sharded checkpoints that load onto any other grid.
 
-    save(trainer, "ckpt/", step=100)          # collective: every rank writes its own shards
+    save(trainer, "ckpt/", step=100)          # saving.py; collective: every rank writes its own shards
     trainer, start = resume(comm, cfg, "ckpt/")   # any dp x pp x tp, any number of ranks
 
 Layout of ``ckpt/``::
 
     latest                      the name of the newest complete checkpoint (one line)
+    .lock                       the folder's writer: locked while a run saves here, names it
     step000100/index.json       what each global tensor is, its shape, how it was cut, where
-                                each piece lives; the step, Adam's step count, the configs
+                                each piece lives; each file's sha256; the step, Adam's step
+                                count, the configs
     step000100/rank00003.safetensors   the pieces world rank 3 wrote
 
 What each rank writes: its tensor-parallel shard of every parameter (DP replica 0 and CP rank
@@ -17,10 +19,13 @@ rank of the dp x cp group its own). Experts are written by the rank that holds t
 its DP coordinate. A piece is described by the TP rank and size it was cut for and its flat
 range: nothing in it depends on dp, cp or the expert placement, so any grid can load it.
 
-Atomic: the shards and the index go to a fresh ``.tmp-...`` directory, which is renamed to
-``stepNNNNNN`` once complete; then ``latest`` is replaced (write a temporary file, rename it
-over the old one: a rename is atomic). A crash at any moment leaves ``latest`` naming a
-complete checkpoint.
+Writing (``saving.py``, below the trainer, whose loop saves): one writer per folder (a lock), a
+checksum per file, and an order of renames that a kill at any moment survives. Reading (here):
+``latest``, or the newest complete step when ``latest`` names none (a save killed before it
+wrote it); every file checked against its checksum first (``read_index``, which the command line
+calls before launching: a damaged file is refused before any rank starts); a piece or a tensor
+whose shape is not what the index or the model says is named. Every such problem is a
+``UsageError``: one line, naming the folder or the file.
 
 Resharding: a loading rank rebuilds each global tensor from the pieces (undoing the TP cut),
 builds the dense GPT from them, and slices its own stages out of it exactly as at the start of
@@ -33,30 +38,19 @@ a time (``safe_open(...).get_slice``), which is what a loader reading only its o
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import shutil
+import re
 
 import numpy as np
 
+from ..errors import UsageError
 from ..xp import to_numpy
-from .model import GPT, GPTConfig, dense_name, is_expert
+from .model import GPT, GPTConfig, dense_name
+from .saving import FORMAT, named_modules
 
-FORMAT = "minipar-checkpoint/1"
-
-
-def layout(module, name):
-    """(axis, blocks) of the TP cut of ``module.params[name]``, or None if every rank holds it whole."""
-    from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-    from ..tensor_parallel.vocab import VocabParallelEmbedding, VocabParallelHead
-
-    if isinstance(module, ColumnParallelLinear):
-        return (-1, module.blocks)
-    if isinstance(module, RowParallelLinear):
-        return (0, 1) if name == "w" else None
-    if isinstance(module, (VocabParallelEmbedding, VocabParallelHead)):
-        return (0, 1)
-    return None
+READABLE = ("minipar-checkpoint/1", FORMAT)  # /1: written before the checksums
 
 
 def cut(full, axis, blocks, r, p):
@@ -72,99 +66,67 @@ def uncut(shards, axis, blocks):
                            for k in range(blocks)], axis=axis)
 
 
-def _named_modules(stage, prefix=""):
-    yield prefix, stage
-    for name, child in stage.children().items():
-        yield from _named_modules(child, f"{prefix}{name}.")
-
-
-def save(trainer, directory, step: int, crash_before_commit=False):
-    """Collective over the trainer's world: write the checkpoint of the state before ``step``."""
-    from safetensors.numpy import save_file
-
-    comm, cfg, g = trainer.comm, trainer.cfg, trainer.grid
-    d, p, t = g.coords
-    first = d == 0 and g.cp_rank == 0  # replicas of the same shards: one writes them
-    name = f"step{step:06d}"
-    tmp = os.path.join(directory, f".tmp-{name}")
-    if comm.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # a crashed save's leftovers
-        os.makedirs(tmp)
-    comm.builtin.barrier()
-    where = {}  # id(module) -> qualified prefix in its stage
-    for st in trainer.stages.values():
-        where.update({id(m): pre for pre, m in _named_modules(st)})
-    arrays, pieces = {}, []
-    fname = f"rank{comm.rank:05d}.safetensors"
-    skip_copy = cfg.pp > 1  # the last stage's wte is a copy of the first stage's
-
-    def add(kind, qual, mod, pname, a, rng):
-        dn = dense_name(qual)
-        if skip_copy and qual == "head.wte":
-            return
-        key = f"{kind}/{dn}" + (f"@{rng[0]}" if rng else "")
-        arrays[key] = np.ascontiguousarray(to_numpy(a))
-        pieces.append({"tensor": dn, "kind": kind, "file": fname, "key": key, "tp": [t, cfg.tp],
-                       "cut": layout(mod, pname), "shard_shape": list(mod.params[pname].shape),
-                       "range": list(rng) if rng else None})
-
-    for st in trainer.stages.values():
-        for pre, mod in _named_modules(st):
-            for pname, a in mod.params.items():
-                if first or is_expert(pre):
-                    add("param", pre + pname, mod, pname, a, None)
-    for e in trainer.engines:
-        mine = e.stage == 1 or e.model is trainer.experts  # ZeRO-1's ranges, or my experts
-        for mod, pname, lo, hi, m, v in e.optimizer_pieces():
-            if first or mine:
-                qual = where[id(mod)] + pname
-                add("m", qual, mod, pname, m, (lo, hi))
-                add("v", qual, mod, pname, v, (lo, hi))
-    save_file(arrays, os.path.join(tmp, fname))
-    everyone = comm.builtin.gather_object(pieces, 0)
-    if comm.rank == 0:
-        tensors = {}
-        for ps in everyone:
-            for pc in ps:
-                tensors.setdefault(pc["tensor"], []).append(pc)
-        index = {"format": FORMAT, "step": step, "adam_steps": trainer.engines[0].steps,
-                 "model": cfg.model.as_dict(), "grid": {"dp": cfg.dp, "pp": cfg.pp, "cp": cfg.cp, "tp": cfg.tp},
-                 "train": {k: getattr(cfg, k) for k in ("lr", "seed", "data", "data_seed", "batch", "dtype")},
-                 "tensors": tensors}
-        with open(os.path.join(tmp, "index.json"), "w") as f:
-            json.dump(index, f, indent=1)
-        if crash_before_commit:
-            raise RuntimeError("crash during save (planted)")
-        final = os.path.join(directory, name)
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)  # the checkpoint exists, complete, from here on
-        pointer = os.path.join(directory, ".latest.tmp")
-        with open(pointer, "w") as f:
-            f.write(name + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(pointer, os.path.join(directory, "latest"))
-    comm.builtin.barrier()
-    return os.path.join(directory, name)
-
-
 def read_index(directory):
-    """(the checkpoint's directory, its index) for ``directory`` (its ``latest``) or a step dir."""
-    if os.path.exists(os.path.join(directory, "latest")):
-        with open(os.path.join(directory, "latest")) as f:
-            directory = os.path.join(directory, f.read().strip())
+    """(the checkpoint's directory, its index) for a checkpoint folder (the step its ``latest``
+    names, else its newest complete step) or a step's own folder; every file checked against
+    its checksum first (:func:`verify`), so a damaged one is refused before any rank starts."""
+    if not os.path.isdir(directory):
+        raise UsageError(f"{directory}: no such checkpoint folder")
+    if not os.path.exists(os.path.join(directory, "index.json")):
+        directory = newest(directory)
     with open(os.path.join(directory, "index.json")) as f:
         index = json.load(f)
-    if index.get("format") != FORMAT:
-        raise ValueError(f"{directory}: not a minipar checkpoint ({index.get('format')!r})")
+    if index.get("format") not in READABLE:
+        raise UsageError(f"{directory}: not a minipar checkpoint ({index.get('format')!r})")
+    verify(directory, index)
     return directory, index
+
+
+def newest(directory) -> str:
+    """The step folder of ``directory`` to load: the one ``latest`` names, or, when that one is
+    not there (a save killed before it wrote ``latest``, or while it replaced that step), the
+    newest complete one (a committed ``stepNNNNNN``, or the copy a replacing save set aside)."""
+    latest = os.path.join(directory, "latest")
+    if os.path.exists(latest):
+        with open(latest) as f:
+            named = os.path.join(directory, f.read().strip())
+        if os.path.exists(os.path.join(named, "index.json")):
+            return named
+    steps = sorted((int(m.group(2)), m.group(1) is None, entry) for entry in os.listdir(directory)
+                   if (m := re.fullmatch(r"(\.old-)?step(\d+)", entry))
+                   and os.path.exists(os.path.join(directory, entry, "index.json")))
+    if not steps:
+        raise UsageError(f"{directory}: no checkpoint in it (no complete stepNNNNNN folder)")
+    return os.path.join(directory, steps[-1][2])
+
+
+def verify(path, index):
+    """Raise UsageError, naming the file, for a file of ``path`` that is not the one the index
+    recorded (its size and sha256), or one it does not record at all."""
+    if index["format"] != FORMAT:
+        return  # written before the checksums
+    files = index["files"]
+    unlisted = sorted({pc["file"] for pieces in index["tensors"].values() for pc in pieces} - set(files))
+    if unlisted:
+        raise UsageError(f"{os.path.join(path, unlisted[0])}: holds pieces, but the index records no checksum of it")
+    for fname, want in files.items():
+        try:
+            with open(os.path.join(path, fname), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise UsageError(f"{os.path.join(path, fname)}: missing from the checkpoint") from None
+        got = hashlib.sha256(data).hexdigest()
+        if len(data) != want["bytes"] or got != want["sha256"]:
+            raise UsageError(f"{os.path.join(path, fname)}: damaged: {len(data)} bytes with sha256 {got[:16]}..., "
+                             f"the index recorded {want['bytes']} bytes with sha256 {want['sha256'][:16]}...; "
+                             f"load another checkpoint")
 
 
 def load_full(directory):
     """{kind: {dense name: global array}} for kind in param, m, v: every cut undone."""
     from safetensors import safe_open
 
-    path, index = read_index(directory)
+    path, index = read_index(directory)  # every file checked against its checksum
     handles = {}
     out = {"param": {}, "m": {}, "v": {}}
     for tensor, pieces in index["tensors"].items():
@@ -184,14 +146,31 @@ def load_full(directory):
                         pc["file"], safe_open(os.path.join(path, pc["file"]), "np"))
                     a = f.get_tensor(pc["key"]).reshape(-1)
                     lo, hi = pc["range"] or (0, flat.size)
+                    if a.size != hi - lo:
+                        raise UsageError(f"{kind} {tensor} (TP shard {r} of {p}) in {os.path.join(path, pc['file'])}: "
+                                         f"the file holds {a.size} numbers, the index says {hi - lo}")
                     flat[lo:hi] = a
                     covered += hi - lo
                 if covered != flat.size:
-                    raise ValueError(f"{path}: {kind} of {tensor} TP shard {r}: {covered} of {flat.size} elements")
+                    raise UsageError(f"{path}: {kind} of {tensor} TP shard {r}: {covered} of {flat.size} elements")
                 shards[r] = flat.reshape(shape)
             c = mine[0]["cut"]
             out[kind][tensor] = uncut(shards, c[0], c[1]) if c else shards[0]
     return index, out
+
+
+def dense_model(index, full, seed=0):
+    """The dense GPT of the checkpoint's model holding its parameters; a tensor whose shape is
+    not that model's is named."""
+    dense = GPT(GPTConfig(**index["model"]), seed)
+    for n, a in dense.named_parameters():
+        if n not in full["param"]:
+            raise UsageError(f"{n}: not in the checkpoint, though its model has it")
+        if full["param"][n].shape != a.shape:
+            raise UsageError(f"{n}: the checkpoint holds shape {full['param'][n].shape}, its model {a.shape} "
+                             f"(the index's model does not match its tensors)")
+        a[...] = full["param"][n]
+    return dense
 
 
 def resume(comm, cfg, directory):
@@ -203,13 +182,10 @@ def resume(comm, cfg, directory):
     index, full = load_full(directory)
     cfg = cfg.with_(model=GPTConfig(**index["model"]), **{k: v for k, v in index["train"].items()
                                                           if k in ("lr", "seed", "data", "data_seed", "batch")})
-    dense = GPT(cfg.model, cfg.seed)
-    for n, a in dense.named_parameters():
-        a[...] = full["param"][n]
-    tr = Trainer(comm, cfg, dense)
+    tr = Trainer(comm, cfg, dense_model(index, full, cfg.seed))
     where = {}
     for st in tr.stages.values():
-        where.update({id(m): pre for pre, m in _named_modules(st)})
+        where.update({id(m): pre for pre, m in named_modules(st)})
     for e in tr.engines:
         for mod, pname, lo, hi, m, v in e.optimizer_pieces():
             dn = dense_name(where[id(mod)] + pname)

@@ -19,6 +19,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 DTYPES = ("float64", "float32")
 CP_ATTENTION = ("ring", "ulysses")
 
+# the documented model: the sorting task, ~400k parameters (docs/train.md)
+DEFAULT_MODEL = dict(vocab=96, d_model=64, n_heads=8, n_layers=8, seq_len=32)
+
 
 @dataclass(frozen=True)
 class TrainConfig:

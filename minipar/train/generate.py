@@ -27,19 +27,16 @@ import numpy as np
 from ..collectives import all_reduce
 from ..nn import functional as F
 from ..xp import device, namespace, to_numpy
-from .model import GPT, GPTConfig, build_stage
+from .model import GPTConfig, build_stage
 
 
 def load_model(comm, directory, dtype="float64"):
     """The checkpoint's GPT as one stage on the TP group ``comm`` (float64 by default)."""
-    from .checkpoint import load_full
+    from .checkpoint import dense_model, load_full
 
     index, full = load_full(directory)
     cfg = GPTConfig(**index["model"])
-    dense = GPT(cfg)
-    for n, a in dense.named_parameters():
-        a[...] = full["param"][n]
-    stage = build_stage(comm, dense, 0, 1)
+    stage = build_stage(comm, dense_model(index, full), 0, 1)
     return stage.to(comm.asarray(np.zeros(1, dtype=dtype))), cfg
 
 

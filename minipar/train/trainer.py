@@ -31,6 +31,7 @@ chunks, and why the losses equal one process's.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -48,6 +49,8 @@ from ..xp import copy, storage
 from ..zero import ZeRO1
 from .config import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
 from .model import GPT, GPTConfig, build_stage, moe_layers  # noqa: F401 (GPTConfig re-exported)
+from .saving import owning
+from .saving import save as save_checkpoint
 
 
 class Units(Module):
@@ -249,31 +252,32 @@ def train(comm, cfg: TrainConfig, report=None, dense=None, trainer=None, start=0
     experts) the aux losses; it, the step time (the slowest rank's), every rank's peak bytes and
     the tokens per expert are collected with the engine's object transport after each step,
     outside the timed region. ``report(step, record)`` runs on world rank 0. ``save``: a
-    directory; every ``save_every`` steps and after the last a checkpoint goes there.
-    ``trace_step``: trace that step only (``comm.tracer``). ``trainer.history`` gets each step's
-    tokens per expert ({MoE layer: {"kept", "routed"}}, empty without experts).
+    directory; every ``save_every`` steps and after the last a checkpoint goes there, and world
+    rank 0 holds its lock from before the first step to the end (a second run saving there fails
+    at once, naming this one: ``saving.owning``). ``trace_step``: trace that step only
+    (``comm.tracer``). ``trainer.history`` gets each step's tokens per expert ({MoE layer:
+    {"kept", "routed"}}, empty without experts).
     """
-    tr = trainer or Trainer(comm, cfg, dense)
-    losses, times = [], []
-    for step in range(start, cfg.steps):
-        comm.builtin.barrier()
-        comm.tracer.enabled = step == trace_step
-        t0 = time.perf_counter()
-        loss = tr.step(step)
-        dt = time.perf_counter() - t0
-        comm.tracer.enabled = False
-        everyone = comm.builtin.allgather_object((tr.grid.coords, loss, dt, tr.memory(), tr.aux, tr.expert_counts))
-        losses.append(global_loss(cfg, [(c, l, aux) for c, l, _, _, aux, _ in everyone]))
-        times.append(max(x for _, _, x, *_ in everyone))
-        experts = expert_totals([(c, counts) for c, *_, counts in everyone])
-        tr.history.append(experts)
-        if report is not None and comm.rank == 0:
-            report(step, {"loss": losses[-1], "time": times[-1], "memory": [e[3] for e in everyone],
-                          "experts": experts})
-        if save and ((save_every and (step + 1) % save_every == 0) or step + 1 == cfg.steps):
-            from .checkpoint import save as save_checkpoint
-
-            save_checkpoint(tr, save, step + 1)
+    with owning(save) if save and comm.rank == 0 else contextlib.nullcontext():
+        tr = trainer or Trainer(comm, cfg, dense)
+        losses, times = [], []
+        for step in range(start, cfg.steps):
+            comm.builtin.barrier()
+            comm.tracer.enabled = step == trace_step
+            t0 = time.perf_counter()
+            loss = tr.step(step)
+            dt = time.perf_counter() - t0
+            comm.tracer.enabled = False
+            everyone = comm.builtin.allgather_object((tr.grid.coords, loss, dt, tr.memory(), tr.aux, tr.expert_counts))
+            losses.append(global_loss(cfg, [(c, l, aux) for c, l, _, _, aux, _ in everyone]))
+            times.append(max(x for _, _, x, *_ in everyone))
+            experts = expert_totals([(c, counts) for c, *_, counts in everyone])
+            tr.history.append(experts)
+            if report is not None and comm.rank == 0:
+                report(step, {"loss": losses[-1], "time": times[-1], "memory": [e[3] for e in everyone],
+                              "experts": experts})
+            if save and ((save_every and (step + 1) % save_every == 0) or step + 1 == cfg.steps):
+                save_checkpoint(tr, save, step + 1)
     return tr, losses, times
 
 

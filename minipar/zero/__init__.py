@@ -22,14 +22,14 @@ three: every rank keeps 1/N of each piece and hands it over when someone needs i
 
 Traffic in parameter-sized units per rank, times the ring's (N-1)/N.
 
-    stages.py           ZeRO1, ZeRO2, ZeRO3 (each subclasses the one before)
+    engines.py          ZeRO1, ZeRO2, ZeRO3 (each subclasses the one before)
     tiling.py           Memory-Centric Tiling: a Linear too large to gather whole, tile by tile under ZeRO-3
     torch_reference.py  the same training with torch's ZeroRedundancyOptimizer and FSDP2
 """
 from __future__ import annotations
 
 from ..mixed_precision import NVMe
-from .stages import STAGES, ZeRO1, ZeRO2, ZeRO3, swap
+from .engines import STAGES, ZeRO1, ZeRO2, ZeRO3, swap
 from .tiling import tiled_linear
 
 __all__ = ["ZeRO", "ZeRO1", "ZeRO2", "ZeRO3", "STAGES", "swap", "NVMe", "tiled_linear"]

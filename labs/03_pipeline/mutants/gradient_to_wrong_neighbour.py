@@ -20,5 +20,5 @@ def peer_and_tag(action, schedule):
                 (owner[s + 1], act_tag(s + 1, i, m)) if s < last else None)
     if kind in "BI":
         return ((owner[s + 1], grad_tag(s, i, m)) if s < last else None,
-                ((owner[s] + 1) % schedule.stages, grad_tag(s - 1, i, m)) if s > 0 else None)  # BUG: the next rank, not stage s-1's
+                ((owner[s] + 1) % schedule.ranks, grad_tag(s - 1, i, m)) if s > 0 else None)  # BUG: the next rank, not stage s-1's
     return None, None

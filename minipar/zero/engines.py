@@ -1,4 +1,7 @@
-"""ZeRO stages 1, 2, 3: each a small change to the one before it.
+"""The ZeRO engines, stages 1, 2, 3: each a small change to the one before it.
+
+A ZeRO *stage* says how much is sharded (1: the optimizer state, 2: + the gradients, 3: + the
+parameters); it has nothing to do with a pipeline's stages.
 
     opt = ZeRO1(comm, model, lr=1e-3, mixed=True)     # or ZeRO2, ZeRO3 (prefetch=True), offload=True
     loss = opt.train_step(local_batch(comm, x), local_batch(comm, y))
@@ -13,6 +16,14 @@ picture of the backpackers: everyone carries a piece of every layer. Per unit an
                                                the unit's backward (its full grad is freed)
     3      1/N of everything                   all-gather before forward, again before      3 (N-1)/N Psi
                                                backward, reduce-scatter after backward
+
+What an engine holds, per unit ``u`` (dicts keyed by the unit's name):
+
+    full_params[u]    the whole flat parameter buffer (n_pad,): stages 1, 2 always, 3 only while gathered
+    param_shards[u]   this rank's shard of it (S,): stage 3 (stages 1, 2 read a view of full_params)
+    full_grads[u]     the whole flat gradient buffer: stage 1 always, 2 and 3 only during u's backward
+    grad_shards[u]    this rank's shard of the averaged gradient: stages 2, 3
+    shard_bounds[u]   (start, stop) of this rank's shard in the flat buffers
 
 The reduce-scatter adds in exactly the order of DDP's ring all-reduce on the same padded unit
 (``DDP(bucket_bytes=0)``), and Adam is elementwise, so every stage is *bitwise* DDP.
@@ -40,52 +51,52 @@ class ZeRO1(Engine):
     def __init__(self, comm, model, **kw):
         super().__init__(comm, model, **kw)
         self.flats = {u: Flat([model.children()[u]], comm.size) for u in self.units}
-        self.mine = {u: f.bounds(comm.rank) for u, f in self.flats.items()}  # (a, b) of my shard
+        self.shard_bounds = {u: f.bounds(comm.rank) for u, f in self.flats.items()}  # (start, stop) of mine
         inits = {u: f.values(self.like, self.like.dtype) for u, f in self.flats.items()}  # full precision
         self.setup_params()
         self.setup_grads()
-        self.opts = {u: self.optimizer(self.param_shard(u), copy(inits[u][slice(*self.mine[u])]))
+        self.opts = {u: self.optimizer(self.param_shard(u), copy(inits[u][slice(*self.shard_bounds[u])]))
                      for u in self.units}
 
     # -- parameters: full working copy on every rank (stages 1, 2)
     def setup_params(self):
-        self.P = {}
+        self.full_params = {}
         for u, f in self.flats.items():
-            self.P[u] = f.values(self.like, self.dtype)  # (n_pad,)
-            f.bind("params", self.P[u])
-            self.ledger.track("params", self.P[u], name="zero.flat params", label=u)
+            self.full_params[u] = f.values(self.like, self.dtype)  # (n_pad,)
+            f.bind("params", self.full_params[u])
+            self.ledger.track("params", self.full_params[u], name="zero.flat params", label=u)
 
     def param_shard(self, u):
-        return self.P[u][slice(*self.mine[u])]  # (S,) view
+        return self.full_params[u][slice(*self.shard_bounds[u])]  # (S,) view
 
     def after_update(self, u):
         """Everyone gets everyone's updated shard (ring all-gather, in place)."""
-        drain(ring_steps(self.comm, self.P[u], tag=GATHER_TAG + self.index[u], phases=("all-gather",),
+        drain(ring_steps(self.comm, self.full_params[u], tag=GATHER_TAG + self.index[u], phases=("all-gather",),
                          name="all_gather:ring"))
 
     # -- gradients: a full buffer per unit (stage 1)
     def setup_grads(self):
-        self.G = {}
+        self.full_grads = {}
         for u, f in self.flats.items():
-            self.G[u] = zeros((f.n_pad,), like=self.like, dtype=self.dtype)
-            f.bind("grads", self.G[u])
-            self.ledger.track("grads", self.G[u], name="zero.flat grads", label=u)
+            self.full_grads[u] = zeros((f.n_pad,), like=self.like, dtype=self.dtype)
+            f.bind("grads", self.full_grads[u])
+            self.ledger.track("grads", self.full_grads[u], name="zero.flat grads", label=u)
 
     def zero_grad(self):
-        for G in self.G.values():
-            G[...] = 0
+        for grad in self.full_grads.values():
+            grad[...] = 0
 
     def after_backward(self, name):
         self.ledger.sample()
 
     def sync_grads(self):
-        for u, G in self.G.items():
-            shard = C.reduce_scatter(self.comm, G)  # (S,) the sum of my shard over ranks
+        for u, grad in self.full_grads.items():
+            shard = C.reduce_scatter(self.comm, grad)  # (S,) the sum of my shard over ranks
             shard /= self.comm.size
-            G[slice(*self.mine[u])] = shard  # only this slice of G means anything now
+            grad[slice(*self.shard_bounds[u])] = shard  # only this slice of grad means anything now
 
     def grad_shard(self, u):
-        return self.G[u][slice(*self.mine[u])]
+        return self.full_grads[u][slice(*self.shard_bounds[u])]
 
     def update(self):
         for u in self.units:
@@ -93,7 +104,7 @@ class ZeRO1(Engine):
             self.after_update(u)
 
     def optimizer_parts(self):
-        return [(self.flats[u], self.opts[u], self.mine[u]) for u in self.units]
+        return [(self.flats[u], self.opts[u], self.shard_bounds[u]) for u in self.units]
 
     # -- reading results and predicting memory
     def params_numpy(self):
@@ -117,10 +128,10 @@ class ZeRO2(ZeRO1):
     stage = 2
 
     def setup_grads(self):
-        self.G, self.Gs = {}, {}
+        self.full_grads, self.grad_shards = {}, {}
         for u, f in self.flats.items():
-            self.Gs[u] = zeros((f.shard,), like=self.like, dtype=self.dtype)  # (S,) kept
-            self.ledger.track("grads", self.Gs[u], name="zero.grad shard", label=u)
+            self.grad_shards[u] = zeros((f.shard,), like=self.like, dtype=self.dtype)  # (S,) kept
+            self.ledger.track("grads", self.grad_shards[u], name="zero.grad shard", label=u)
             f.unbind("grads")
 
     def zero_grad(self):
@@ -128,24 +139,24 @@ class ZeRO2(ZeRO1):
 
     def before_backward(self, name, ctx):
         if name in self.flats:  # a zero buffer for the layer to accumulate into
-            self.G[name] = zeros((self.flats[name].n_pad,), like=self.like, dtype=self.dtype)
-            self.flats[name].bind("grads", self.G[name])
-            self.ledger.track("grads", self.G[name], name="zero.unit grad", label=name)  # new every backward
+            self.full_grads[name] = zeros((self.flats[name].n_pad,), like=self.like, dtype=self.dtype)
+            self.flats[name].bind("grads", self.full_grads[name])
+            self.ledger.track("grads", self.full_grads[name], name="zero.unit grad", label=name)  # new every backward
         return ctx
 
     def after_backward(self, name):
         if name in self.flats:
             self.ledger.sample()  # the peak: this unit's full gradient + every shard
-            shard = C.reduce_scatter(self.comm, self.G.pop(name))
+            shard = C.reduce_scatter(self.comm, self.full_grads.pop(name))
             shard /= self.comm.size
-            self.Gs[name][...] = shard
+            self.grad_shards[name][...] = shard
             self.flats[name].unbind("grads")  # the full gradient is freed here
 
     def sync_grads(self):
         pass  # already done, unit by unit, during the backward
 
     def grad_shard(self, u):
-        return self.Gs[u]
+        return self.grad_shards[u]
 
     def extras(self):
         return {"unit_grad": max(f.n_pad for f in self.flats.values())}
@@ -189,25 +200,25 @@ class ZeRO3(ZeRO2):
         self.placeholders = {u: [_Weight(u, i) for i in range(len(f.slots))] for u, f in self.flats.items()}
 
     def setup_params(self):
-        self.P, self.Ps = {}, {}
+        self.full_params, self.param_shards = {}, {}
         for u, f in self.flats.items():
             full = f.values(self.like, self.dtype)  # built once, dropped at the end of this loop
-            self.Ps[u] = copy(full[slice(*self.mine[u])])  # (S,) the only copy kept
-            self.ledger.track("params", self.Ps[u], name="zero.param shard", label=u)
+            self.param_shards[u] = copy(full[slice(*self.shard_bounds[u])])  # (S,) the only copy kept
+            self.ledger.track("params", self.param_shards[u], name="zero.param shard", label=u)
             f.unbind("params")
 
     def param_shard(self, u):
-        return self.Ps[u]
+        return self.param_shards[u]
 
     def after_update(self, u):
         pass  # the next forward gathers the new shards
 
     # -- gathering on demand
     def start_gather(self, u):
-        if u is None or u in self.gathering or u in self.P:
+        if u is None or u in self.gathering or u in self.full_params:
             return
-        buf = empty((self.flats[u].n_pad,), like=self.Ps[u])  # (n_pad,)
-        buf[slice(*self.mine[u])] = self.Ps[u]
+        buf = empty((self.flats[u].n_pad,), like=self.param_shards[u])  # (n_pad,)
+        buf[slice(*self.shard_bounds[u])] = self.param_shards[u]
         gen = ring_steps(self.comm, buf, tag=GATHER_TAG + self.index[u], phases=("all-gather",), name="all_gather:ring")
         next(gen, None)
         self.gathering[u] = (buf, gen)
@@ -218,17 +229,17 @@ class ZeRO3(ZeRO2):
         if u in self.gathering:
             buf, gen = self.gathering.pop(u)
             drain(gen)
-            self.P[u] = buf
+            self.full_params[u] = buf
             self.flats[u].bind("params", buf)
             self.ledger.sample()  # every gathered buffer alive now counts (Memory-Centric Tiling's peak)
 
     def peak_gathered(self) -> int:
         """Bytes of full (gathered) units alive together at the peak: params' peak minus the shards."""
-        return self.ledger.peak["params"] - sum(nbytes(s) for s in self.Ps.values())
+        return self.ledger.peak["params"] - sum(nbytes(s) for s in self.param_shards.values())
 
     def free(self, u):
         self.flats[u].unbind("params")
-        del self.P[u]
+        del self.full_params[u]
 
     def neighbour(self, u, step):
         i = self.index[u] + step

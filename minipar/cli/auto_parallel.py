@@ -1,20 +1,38 @@
-"""``minipar search``: find a strategy for a model, then run it and the classic ones.
+"""Lesson 08's verbs: ``minipar search`` (find a strategy for a model, then run it and the
+classic ones) and ``minipar run auto_parallel`` (the lesson's checks).
 
     minipar search --model block --ranks 4 --budget 20
     minipar search --model vocab --ranks 4 --mesh 2x2 --budget 10 --json found.json
+    minipar run -n 4 auto_parallel [--backend torch] [--dtype float32]
 
 Everything that can be wrong with the request is refused, in one line, before any rank starts.
+The search on the ranks and its report are ``minipar.autoparallel.bench``, the checks
+``minipar.lessons.auto_parallel``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from ..autoparallel.models import PRESETS
 from ..errors import UsageError
-from .models import PRESETS
+from .common import lesson_run_parser, run_and_report, write_json
 
 SIZE_FLAGS = ("B", "T", "C", "H", "V", "n_heads")
+
+
+def add_verbs(verbs):
+    """``minipar search`` and ``minipar run auto_parallel``."""
+    add_search_command(verbs.top)
+    r = lesson_run_parser(verbs.run, "auto_parallel", "redistribute every placement pair; strategies vs dense",
+                          "minipar run -n 4 auto_parallel --backend torch")
+    r.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    r.set_defaults(func=cmd_run)
+
+
+def cmd_run(args):
+    return run_and_report(args, f"placements, redistribute and strategies ({args.dtype}) against the dense model",
+                          "minipar.lessons.auto_parallel:verify", dtypes=(args.dtype,))
 
 
 def add_search_command(subparsers):
@@ -63,7 +81,7 @@ def parse_mesh(text, ranks):
 
 def check_args(args):
     """Everything knowable before launching: raises UsageError naming the argument."""
-    from .models import build
+    from ..autoparallel.models import build
 
     if args.ranks < 1 or args.ranks > 64:
         raise UsageError(f"--ranks {args.ranks}: give 1 to 64 ranks")
@@ -83,6 +101,7 @@ def cmd_search(args) -> int:
     except UsageError as err:
         print(f"minipar search: error: {err}", file=sys.stderr)
         return 2
+    from ..autoparallel.bench import format_report
     from ..launcher import launch
 
     where = f"{args.ranks} ranks, mesh {'x'.join(map(str, mesh))}, {args.backend}, {args.dtype}, {args.clock} clock"
@@ -93,25 +112,5 @@ def cmd_search(args) -> int:
     report = out.results[0]
     print(format_report(report))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, report)
     return 0
-
-
-def format_report(r) -> str:
-    sizes = " ".join(f"{k}={v}" for k, v in r["sizes"].items())
-    lines = [f"\nmodel {r['model']} ({sizes}), {r['ranks']} ranks, mesh {'x'.join(map(str, r['mesh']))}",
-             f"alpha-beta fit: alpha {r['alpha'] * 1e6:.1f} us, beta {r['beta'] * 1e9:.3f} ns/byte "
-             f"({1e-9 / r['beta'] if r['beta'] else float('inf'):.2f} GB/s), gamma {r['gamma'] * 1e9:.3f} ns/byte",
-             f"search: {r['iterations']} moves in {r['chains']} chains on {r['ranks']} ranks, {r['budget']:g} s",
-             f"times: {r['clock']} clock; load average {r['load_average']:.1f} on {r['cores']} cores at the end"
-             + (" (a busy machine: see docs/autoparallel.md)" if r["load_average"] > r["cores"] else ""),
-             f"\nstrategy found (predicted {r['found_cost'] * 1e3:.2f} ms per step):"]
-    lines += ["  " + line for line in r["found_lines"]]
-    w = max(len(row["strategy"]) for row in r["rows"]) + 2
-    lines += ["", f"  {'strategy':<{w}}{'predicted':>11}{'measured':>11}{'error':>8}{'comm (pred.)':>14}{'sent/rank':>12}"]
-    for row in r["rows"]:
-        lines.append(f"  {row['strategy']:<{w}}{row['predicted_s'] * 1e3:>8.2f} ms{row['measured_s'] * 1e3:>8.2f} ms"
-                     f"{row['error'] * 100:>+7.0f}%{row['comm_s'] * 1e3:>11.2f} ms{row['bytes'] / 1e6:>9.2f} MB")
-    return "\n".join(lines)

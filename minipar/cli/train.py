@@ -1,4 +1,5 @@
-"""``minipar train`` and ``minipar generate``: the lesson from the shell.
+"""Lesson 05's verbs: ``minipar train`` and ``minipar generate`` (the lesson from the shell),
+``minipar bench train`` and ``minipar run train`` (the lesson's checks).
 
     minipar train -n 8 --dp 2 --pp 2 --tp 2 --steps 300            # a progress line per step
     minipar train -n 8 --dp 2 --pp 2 --tp 2 --steps 5 --compare     # + the one-process run
@@ -7,26 +8,25 @@
     minipar train -n 8 --dp 2 --cp 2 --tp 2 --steps 5 --compare     # the sequence split over cp too
     minipar train -n 4 --dp 4 --experts 8 --top-k 2 --steps 5 --compare   # a mixture of experts over dp
     minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"
+    minipar bench train --steps 3 --json bench_train.json                 # minipar.train.bench
+    minipar run -n 4 train                                                # minipar.lessons.train
 
 Every shape is checked before a rank starts (``check_shapes``): a grid that does not fit is one
 line naming the dimension, exit code 2.
 """
 from __future__ import annotations
 
-import json
 import sys
 
 from ..errors import UsageError
-from .model import GPTConfig
-from .trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
-
-# the documented model: the sorting task, ~400k parameters (docs/train.md)
-DEFAULT_MODEL = dict(vocab=96, d_model=64, n_heads=8, n_layers=8, seq_len=32)
+from ..train import bench as train_bench
+from ..train.config import DEFAULT_MODEL
+from ..train.model import GPTConfig
+from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
+from .common import lesson_run_parser, run_and_report, with_example, write_json
 
 
 def _example(text):
-    from ..cli import with_example
-
     return with_example(text, heading="examples")
 
 
@@ -67,7 +67,9 @@ def config_from(args) -> TrainConfig:
                        dtype=args.dtype, lr=args.lr, data="sorting", cp=args.cp, cp_attention=args.cp_attention)
 
 
-def add_commands(subparsers):
+def add_verbs(verbs):
+    """``minipar train``, ``minipar generate``, ``minipar bench train`` and ``minipar run train``."""
+    subparsers = verbs.top
     t = subparsers.add_parser("train", help="train the small GPT on a DP x PP x CP x TP grid (with experts over DP)",
                               **_example("minipar train -n 8 --dp 2 --pp 2 --tp 2 --microbatches 2 --steps 5 --compare"))
     add_grid_options(t)
@@ -91,11 +93,24 @@ def add_commands(subparsers):
     g.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     g.set_defaults(func=cmd_generate)
 
+    p = verbs.bench.add_parser("train", help="tokens/s and MFU of every grid vs one process",
+                               **with_example("minipar bench train --steps 3 --json bench_train.json"))
+    p.add_argument("--steps", type=int, default=3, help="timed steps per grid (after one warm-up)")
+    p.add_argument("--batch", type=int, default=32, help="global batch in samples (default 32)")
+    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
+    p.add_argument("--json", metavar="FILE")
+    p.set_defaults(func=train_bench.run)
 
-def add_bench_command(bench_subparsers):
-    from .bench import add_bench
+    r = lesson_run_parser(verbs.run, "train", "a small GPT on a DP x PP x TP grid vs one process: losses, "
+                          "replicas, activation peak and traffic vs the formulas",
+                          "minipar run -n 4 train --backend torch")
+    r.set_defaults(func=cmd_run)
 
-    add_bench(bench_subparsers)
+
+def cmd_run(args):
+    """``minipar run -n 4 train``: the tour's checks of lesson 05 on n ranks (``minipar train``
+    is the training run itself)."""
+    return run_and_report(args, "3D-parallel GPT against one process", "minipar.lessons.train:tour")
 
 
 # ----------------------------------------------------------------------------- train
@@ -104,11 +119,11 @@ def add_bench_command(bench_subparsers):
 def run_rank(comm, cfg, save=None, save_every=0, resume=None, traced=False):
     """What every rank runs for ``minipar train``: returns the run's record (rank 0's is used)."""
     from ..trace import merge
-    from .trainer import train
+    from ..train.trainer import train
 
     start, tr = 0, None
     if resume:
-        from .checkpoint import resume as load
+        from ..train.checkpoint import resume as load
 
         tr, start = load(comm, cfg, resume)
         cfg = tr.cfg
@@ -146,7 +161,7 @@ def cmd_train(args) -> int:
     cfg = config_from(args)
     try:
         if args.resume:
-            from .checkpoint import read_index
+            from ..train.checkpoint import read_index
 
             _, index = read_index(args.resume)
             cfg = cfg.with_(model=GPTConfig(**index["model"]), batch=index["train"]["batch"])
@@ -162,7 +177,7 @@ def cmd_train(args) -> int:
     print(f"minipar train: GPT {m.n_layers} layers x d={m.d_model} x {m.n_heads} heads, T={m.seq_len}{moe}, "
           f"{m.num_params():,} parameters; dp={cfg.dp} pp={cfg.pp}{cp} tp={cfg.tp} on {args.n} ranks ({args.backend})",
           flush=True)
-    out = launch(args.n, "minipar.train.cli:run_rank", backend=args.backend, quiet=False, cfg=cfg, job_timeout=7 * 24 * 3600.0,
+    out = launch(args.n, "minipar.cli.train:run_rank", backend=args.backend, quiet=False, cfg=cfg, job_timeout=7 * 24 * 3600.0,
                  save=args.save, save_every=args.save_every, resume=args.resume, traced=bool(args.trace))
     rec = out.results[0]
     losses, times, start = rec["losses"], rec["step_times_s"], rec["start"]
@@ -186,7 +201,7 @@ def cmd_train(args) -> int:
                                     for step in rec["experts"]]
     ok = True
     if args.compare:
-        from .trainer import train_reference
+        from ..train.trainer import train_reference
 
         ref, _ = train_reference(cfg, steps=start + len(losses))
         ref = ref[start:]
@@ -202,9 +217,7 @@ def cmd_train(args) -> int:
         print(f"trace: {write_chrome_trace(args.trace, rec['trace'], lanes='comm')} (step {start + 1}; "
               f"lanes: compute and one per group: tp, cp, pp, dp, emb, ep; open in https://ui.perfetto.dev)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
     return 0 if ok else 1
 
 
@@ -214,8 +227,8 @@ PROMPTS = ["41930>", "8812>", "70546>", "392>", "615073>"]
 
 
 def generate_rank(comm, directory, prompts, tokens):
-    from .data import encode
-    from .generate import generate, load_model
+    from ..train.data import encode
+    from ..train.generate import generate, load_model
 
     model, _ = load_model(comm, directory)
     out = []
@@ -227,8 +240,8 @@ def generate_rank(comm, directory, prompts, tokens):
 
 def cmd_generate(args) -> int:
     from ..launcher import launch
-    from .checkpoint import read_index
-    from .data import decode
+    from ..train.checkpoint import read_index
+    from ..train.data import decode
 
     try:
         _, index = read_index(args.checkpoint)
@@ -247,14 +260,14 @@ def cmd_generate(args) -> int:
         total = max(len(p) for p in prompts) + args.tokens
         if total > m.seq_len:
             raise UsageError(f"--tokens={args.tokens}: prompt + tokens = {total} is longer than the model's seq_len={m.seq_len}")
-        from .data import encode
+        from ..train.data import encode
 
         for p in prompts:
             encode(p)
     except (UsageError, ValueError, OSError) as err:
         print(f"minipar generate: error: {err}", file=sys.stderr)
         return 2
-    out = launch(args.n, "minipar.train.cli:generate_rank", backend=args.backend, quiet=True, job_timeout=3600.0,
+    out = launch(args.n, "minipar.cli.train:generate_rank", backend=args.backend, quiet=True, job_timeout=3600.0,
                  directory=args.checkpoint, prompts=prompts, tokens=args.tokens)
     right = 0
     for k, (text, (ids, per_token)) in enumerate(zip(prompts, out.results[0])):

@@ -1,18 +1,20 @@
-"""``minipar schedule``: print, simulate, export and draw one pipeline schedule.
+"""Lesson 03's verbs: ``minipar schedule`` (print, simulate, export and draw one pipeline
+schedule) and ``minipar run pipeline`` (execute one on real ranks, measured vs simulated).
 
     minipar schedule 1f1b --stages 4 --microbatches 8
     minipar schedule interleaved --stages 4 --microbatches 8 --chunks 2 --json s.json --plot s.png
     minipar schedule zb-h1 --stages 4 --microbatches 8 --costs 1,1,1
+    minipar run -n 4 pipeline --schedule 1f1b --microbatches 8 --json out.json --trace trace.json
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from fractions import Fraction
 
-from .schedules import SCHEDULES, format_grid, make_schedule
-from .simulate import Costs, simulate, theory_bubble_fraction
+from ..pipeline.schedules import SCHEDULES, format_grid, make_schedule
+from ..pipeline.simulate import Costs, simulate, theory_bubble_fraction
+from .common import lesson_run_parser, write_json
 
 EPILOG = """\
 examples:
@@ -43,6 +45,12 @@ def parse_costs(text: str) -> Costs:
     raise ValueError(f"--costs {text!r}: give F,B or F,B,W (2 or 3 numbers)")
 
 
+def add_verbs(verbs):
+    """``minipar schedule`` and ``minipar run pipeline``."""
+    add_schedule_command(verbs.top)
+    add_run_command(verbs.run)
+
+
 def add_schedule_command(subparsers):
     """Add the ``schedule`` verb to an argparse ``subparsers`` object."""
     parser = subparsers.add_parser(
@@ -64,11 +72,11 @@ def add_schedule_command(subparsers):
                         help="latency of a stage-to-stage send (default 0)")
     parser.add_argument("--json", metavar="FILE", help="write the schedule and results as JSON")
     parser.add_argument("--plot", metavar="FILE", help="draw the timeline to an image file")
-    parser.set_defaults(func=run_schedule)
+    parser.set_defaults(func=cmd_schedule)
     return parser
 
 
-def run_schedule(args) -> int:
+def cmd_schedule(args) -> int:
     try:
         costs = parse_costs(args.costs)
         costs.p2p = Fraction(args.p2p)
@@ -77,7 +85,7 @@ def run_schedule(args) -> int:
         print(f"minipar schedule: error: {err}", file=sys.stderr)
         return 2
     sim = simulate(schedule, costs)
-    theory = theory_bubble_fraction(schedule.name, schedule.stages, schedule.microbatches,
+    theory = theory_bubble_fraction(schedule.name, schedule.ranks, schedule.microbatches,
                                     schedule.chunks)
     print(format_grid(schedule))
     print()
@@ -91,18 +99,15 @@ def run_schedule(args) -> int:
     print(f"bubble (theory):     {_show(theory)}  [F=1, B=2 (I=W=1)]")
     print(f"peak in-flight activations per rank: {sim.peak_inflight}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"schedule": schedule.name, "stages": schedule.stages,
-                       "microbatches": schedule.microbatches, "chunks": schedule.chunks,
-                       "actions": schedule.as_strings(),
-                       "bubble_fraction": float(sim.bubble_fraction),
-                       "theory_bubble_fraction": float(theory),
-                       "makespan": float(sim.makespan), "peak_inflight": sim.peak_inflight,
-                       "costs": {k: float(getattr(costs, k)) for k in ("F", "B", "I", "W", "p2p")}},
-                      f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, {"schedule": schedule.name, "stages": schedule.ranks,
+                               "microbatches": schedule.microbatches, "chunks": schedule.chunks,
+                               "actions": schedule.as_strings(),
+                               "bubble_fraction": float(sim.bubble_fraction),
+                               "theory_bubble_fraction": float(theory),
+                               "makespan": float(sim.makespan), "peak_inflight": sim.peak_inflight,
+                               "costs": {k: float(getattr(costs, k)) for k in ("F", "B", "I", "W", "p2p")}})
     if args.plot:
-        from .plot import save_timeline
+        from ..pipeline.plot import save_timeline
         print(f"wrote {save_timeline(args.plot, sim)}")
     return 0
 
@@ -119,8 +124,6 @@ WIDTH, BATCH = 512, 128
 
 def add_run_command(run_subparsers):
     """Add ``minipar run pipeline`` (execute a schedule on real ranks, measured vs simulated)."""
-    from ..cli import lesson_run_parser
-
     r = lesson_run_parser(run_subparsers, "pipeline", "execute a schedule on real ranks: measured vs "
                           "simulated vs theory bubble, gradients vs the dense model", RUN_EXAMPLE,
                           validate=validate_run)
@@ -132,7 +135,7 @@ def add_run_command(run_subparsers):
     r.add_argument("--batch", type=int, default=BATCH, help=f"rows per micro-batch (default {BATCH})")
     r.add_argument("--layers", type=int, help="Linear+GeLU layers (default 2 per stage)")
     r.add_argument("--repeats", type=int, default=3, help="steps run, the last one measured (default 3)")
-    r.set_defaults(func=run_pipeline)
+    r.set_defaults(func=cmd_run)
     return r
 
 
@@ -150,7 +153,7 @@ def validate_run(args):
         raise UsageError(f"-n {args.n} --microbatches {args.microbatches}: {err}") from None
 
 
-def run_pipeline(args) -> int:
+def cmd_run(args) -> int:
     from ..launcher import launch
     from ..trace import write_chrome_trace
 
@@ -178,10 +181,8 @@ def run_pipeline(args) -> int:
     if args.json:
         keys = ("schedule", "stages", "microbatches", "measured_bubble_fraction",
                 "simulated_bubble_fraction", "theory_bubble_fraction", "max_grad_error")
-        with open(args.json, "w") as f:
-            json.dump({**{k: r[k] for k in keys}, "replayed_bubble_fraction": r["replayed_bubble_fraction"],
-                       "chunks": r["chunks"], "costs": c}, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, {**{k: r[k] for k in keys}, "replayed_bubble_fraction": r["replayed_bubble_fraction"],
+                               "chunks": r["chunks"], "costs": c})
     return 0 if ok else 1
 
 

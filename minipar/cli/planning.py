@@ -1,4 +1,7 @@
-"""``minipar plan``: which dp x pp x tp (x cp, ZeRO, micro-batch, recompute) for my model and cluster?
+"""Lesson 07's verbs: ``minipar plan``, ``minipar run planning``, ``minipar bench machine``,
+``minipar bench links`` and ``minipar bench plan``.
+
+``minipar plan``: which dp x pp x tp (x cp, ZeRO, micro-batch, recompute) for my model and cluster?
 
     minipar plan --model gpt3-175b --gpus 1024 --gpus-per-node 8 --hardware a100-80gb --global-batch 1536
     minipar plan --layers 32 --hidden 4096 --heads 32 --seq 4096 --vocab 32000 \\
@@ -9,20 +12,76 @@ Each of --tp --pp --dp --cp --zero --microbatch --schedule --chunks --recompute
 --sequence-parallel fixes that choice; the rest is searched. Conventions: GB = 1e9 bytes;
 tflops_per_gpu counts the FLOPs executed (recomputation included); mfu counts the model's
 FLOPs only, over the dense peak. See docs/planner.md.
+
+    minipar run -n 4 planning                          # the lesson's checks (minipar.lessons.planning)
+    minipar bench machine -n 2                         # measure this machine: the this-machine preset
+    minipar bench links --slowdown 200                 # DDP and TP under emulated links vs the prediction
+    minipar bench plan --steps 3 --json here.json      # the planner vs lesson 05's trainer here
 """
 from __future__ import annotations
 
 import argparse
-import json
 
+from ..bench.machine import cmd_machine
+from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
-from .advice import LABEL, compare_rule, gb, runners_up
-from .config import Problem
-from .hardware import LINKS, PRESET_NAMES, preset
-from .models import MODELS, ModelSpec, model, with_overrides
-from .search import search
+from ..lessons.planning import bench_links
+from ..plan import here
+from ..plan.config import Problem
+from ..plan.hardware import LINKS, PRESET_NAMES, preset
+from ..plan.models import MODELS, ModelSpec, model, with_overrides
+from ..plan.report import report, to_json
+from ..plan.search import search
+from .common import lesson_run_parser, run_and_report, with_example, write_json
 
 FIXABLE = ("tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
+
+
+def add_verbs(verbs):
+    """``minipar plan``, ``minipar run planning``, ``minipar bench machine``, ``bench links`` and ``bench plan``."""
+    p = verbs.top.add_parser(
+        "plan", help="which parallel configuration for a model and cluster: memory, step time, why",
+        description=__doc__.split("\n\n")[1],  # the docstring's paragraph on `minipar plan`
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  minipar plan --model gpt3-175b --gpus 1024 --gpus-per-node 8 --hardware a100-80gb "
+               "--global-batch 1536\n  minipar plan --model gpt2 --gpus 2 --hardware this-machine --global-batch 8 --link pcie")
+    add_plan_arguments(p)
+    p.set_defaults(func=cmd_plan)
+
+    r = lesson_run_parser(verbs.run, "planning", "the planner's tables checked; an emulated link on real ranks",
+                          "minipar run -n 4 planning")
+    r.set_defaults(func=cmd_run)
+
+    m = verbs.bench.add_parser(
+        "machine", help="measure this machine for the planner: matmul rate, memory bandwidth, alpha/beta",
+        **with_example("minipar bench machine -n 2          # then: minipar plan --hardware this-machine ..."))
+    m.add_argument("-n", type=int, default=2, help="ranks (default 2)")
+    m.add_argument("--out", help="where to write the preset (default minipar/plan/this_machine.json)")
+    m.set_defaults(func=cmd_machine)
+
+    k = verbs.bench.add_parser(
+        "links", help="DDP and TP under emulated links, measured vs the planner's prediction",
+        **with_example("minipar bench machine && minipar bench links --slowdown 200"))
+    k.add_argument("--links", nargs="+", default=["none", "nvlink", "pcie", "ethernet"],
+                   choices=["none", *EMULATED_LINKS], help="links to emulate (none: the real transfer only)")
+    k.add_argument("--slowdown", type=float, default=200.0, help="stretch every emulated link this much (default 200)")
+    k.add_argument("--steps", type=int, default=5, help="measured steps per run, best taken (default 5)")
+    k.add_argument("--json", help="write the rows here")
+    k.set_defaults(func=bench_links)
+
+    h = verbs.bench.add_parser(
+        "plan", help="the planner vs lesson 05's trainer on this machine: every grid's step time and memory",
+        epilog="example:\n  minipar bench plan --steps 3 --json here.json   (or: python -m minipar.plan.here)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    here.add_arguments(h)
+    h.set_defaults(func=here.cmd_here)
+
+
+def cmd_run(args) -> int:
+    return run_and_report(args, "lesson 07: the planner's tables and an emulated link", "minipar.lessons.planning:tour")
+
+
+# --------------------------------------------------------------------------- minipar plan
 
 
 def problem_from_args(a) -> Problem:
@@ -57,46 +116,6 @@ def fixed_from_args(a) -> dict:
     return fixed
 
 
-def _mem_cells(mem, i):
-    return " ".join(f"{mem[k][i] / 1e9:7.1f}" for k in ("params", "grads", "optimizer", "activations", "total"))
-
-
-def report(res) -> str:
-    prob, ev, mem = res.prob, res.ev, res.ev["mem"]
-    m = prob.model
-    lines = [f"minipar plan: {m.name} ({m.params() / 1e9:.4g}e9 parameters, {m.layers} layers, hidden {m.hidden}, "
-             f"{m.heads} heads, seq {m.seq}, vocab {m.vocab}) on {prob.gpus} x {prob.hw.name} "
-             f"({prob.gpus_per_node} per node), global batch {prob.batch}",
-             f"searched {res.stats['configs']} configurations in {res.seconds:.2f} s ({res.cpu_seconds:.2f} s CPU): "
-             f"{res.stats['fit']} fit in "
-             f"{gb(prob.capacity)} per GPU; {res.simulated} pipelines simulated (lesson 03's simulator)", ""]
-    if not res.stats["fit"]:
-        lines.append("NOTHING FITS: the smallest footprints are listed below")
-    lines.append(f"{'#':>2} {'configuration':<64} {'step s':>8} {'TFLOP/s':>8} {'MFU':>6}   memory GB: "
-                 f"{'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'total':>7}")
-    for r, i in enumerate(res.ranked, 1):
-        lines.append(f"{r:>2} {res.cfgs.config(i).describe():<64} {ev['step'][i]:8.3g} {ev['tflops_per_gpu'][i]:8.1f} "
-                     f"{ev['mfu'][i]:6.1%}              {_mem_cells(mem, i)}" + ("" if mem["fits"][i] else "  (does not fit)"))
-    w = res.ranked[0]
-    parts = ", ".join(f"{LABEL[k]} {v[w]:.3g} s" for k, v in ev["parts"].items())
-    lines += ["", f"best: {res.cfgs.config(w).describe()}",
-              f"  memory per GPU: {gb(mem['total'][w])} of {gb(prob.capacity)} (params {gb(mem['params'][w])}, "
-              f"grads {gb(mem['grads'][w])}, optimizer {gb(mem['optimizer'][w])}, activations {gb(mem['activations'][w])})"
-              + (f"; host {gb(mem['host'][w])}" if prob.offload else ""),
-              f"  step {ev['step'][w]:.4g} s = {parts}",
-              f"  {ev['tflops_per_gpu'][w]:.1f} TFLOP/s per GPU (executed, recomputation included), "
-              f"MFU {ev['mfu'][w]:.1%} (model FLOPs / dense peak {prob.hw.peak_flops / 1e12:.4g} TFLOP/s)"]
-    why = runners_up(res)
-    if why:
-        lines += ["", "why the others lose:"] + [f"  {s}" for s in why]
-    lines += [""] + compare_rule(res)
-    return "\n".join(lines)
-
-
-def to_json(res) -> dict:
-    return {"configs": [res.row(i) for i in res.ranked]}
-
-
 def cmd_plan(a) -> int:
     try:
         if a.top < 1:
@@ -109,13 +128,12 @@ def cmd_plan(a) -> int:
         return 2
     print(text)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(to_json(res), f, indent=1)
-        print(f"\nwrote {a.json}")
+        print()
+        write_json(a.json, to_json(res))
     return 0
 
 
-def add_arguments(p):
+def add_plan_arguments(p):
     g = p.add_argument_group("model (a name, or its shape)")
     g.add_argument("--model", help=f"one of: {', '.join(MODELS)}")
     for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn"):
@@ -142,38 +160,3 @@ def add_arguments(p):
     g.add_argument("--json", metavar="FILE", help='write {"configs": [...]} best first')
     g.add_argument("--offload", action="store_true", help="ZeRO-Offload: optimizer state and step on the host")
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let tp exceed the GPUs per node")
-
-
-def add_commands(subparsers):
-    """The ``plan`` verb of minipar's CLI."""
-    p = subparsers.add_parser(
-        "plan", help="which parallel configuration for a model and cluster: memory, step time, why",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  minipar plan --model gpt3-175b --gpus 1024 --gpus-per-node 8 --hardware a100-80gb "
-               "--global-batch 1536\n  minipar plan --model gpt2 --gpus 2 --hardware this-machine --global-batch 8 --link pcie")
-    add_arguments(p)
-    p.set_defaults(func=cmd_plan)
-
-
-def add_bench_command(bench_subparsers):
-    """``minipar bench machine`` (the this-machine preset), ``minipar bench links`` (a link you can
-    feel) and ``minipar bench plan`` (the planner against the trainer's runs here)."""
-    from ..bench.machine import add_bench_command as machine
-    from ..lessons.planning import add_bench_command as links
-    from . import here
-
-    machine(bench_subparsers)
-    links(bench_subparsers)
-    p = bench_subparsers.add_parser(
-        "plan", help="the planner vs lesson 05's trainer on this machine: every grid's step time and memory",
-        epilog="example:\n  minipar bench plan --steps 3 --json here.json   (or: python -m minipar.plan.here)",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    here.add_arguments(p)
-    p.set_defaults(func=here.cmd_here)
-
-
-def add_run_command(run_subparsers):
-    """``minipar run planning``: lesson 07's checks on real ranks."""
-    from ..lessons.planning import add_run_command as run
-
-    run(run_subparsers)

@@ -1,0 +1,91 @@
+"""``minipar``: the command line of the lab.
+
+    minipar tour                         run every lesson on 4 ranks, checked against its reference
+    minipar lessons                      list the lessons with their lab, notebook, figures and verbs
+    minipar run -n 4 collectives         run one lesson's checks on real ranks
+    minipar check 01 [--task 1.3]        grade your lab exercise
+    minipar bench collectives -n 4       ours vs the builtin all-reduce, busbw per size
+    minipar figures                      regenerate every figure in figures/
+
+Every verb has ``--help`` with an example. The verbs of the whole course are in
+``minipar/cli/course.py``; each lesson's own verbs are in the module its entry in
+``minipar/course.py`` names (``Lesson.cli``, by default ``minipar/cli/<lesson>.py``), shared
+helpers in ``minipar/cli/common.py``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from ..course import LESSONS
+from ..errors import UsageError
+from .common import Parser, with_example
+from .course import add_verbs as add_course_verbs
+
+# a lesson whose verbs fail to import because one of these is not installed hides its verbs quietly
+# (with a note at the end of ``minipar --help``); any other import failure is reported on stderr
+OPTIONAL = {"torch": 'pip install -e ".[torch]"'}
+
+
+def build_parser(lessons=None) -> Parser:
+    """The parser of ``minipar``: the course's verbs, then the verbs of each of ``lessons``
+    (default: every lesson of the course, in its order)."""
+    p = Parser(prog="minipar", description=__doc__.split("\n\n")[0], **with_example("minipar tour"))
+    p.add_argument("--watchdog", type=float, metavar="SECONDS",
+                   help="abort a job blocked this long in one call, reporting every rank (default 60; 0 = off)")
+    p.add_argument("--link", dest="emulate_link", metavar="NAME",
+                   help="every message also pays this link's alpha + n beta: nvlink, pcie, infiniband, ethernet "
+                        "(MINIPAR_LINK; see minipar/comm/link.py)")
+    verbs = add_course_verbs(p.add_subparsers(dest="verb", metavar="VERB"))
+    hidden = _add_lesson_verbs(LESSONS if lessons is None else lessons, verbs)
+    if hidden:
+        p.epilog += "\n\nnot installed, so these verbs are missing:\n" + "\n".join(f"  {h}" for h in hidden)
+    return p
+
+
+def _add_lesson_verbs(lessons, verbs) -> list[str]:
+    """Import each lesson's cli module and let it add its verbs. A module that fails to import
+    is named on stderr with the reason; one whose failure is an OPTIONAL dependency is returned
+    as a note for ``--help`` instead."""
+    hidden = []
+    for ls in lessons:
+        try:
+            mod = importlib.import_module(ls.cli)
+        except Exception as err:  # noqa: BLE001  (any failure: name it, keep the other verbs)
+            missing = (getattr(err, "name", None) or "").split(".")[0]
+            if isinstance(err, ImportError) and missing in OPTIONAL:
+                hidden.append(f"{ls.cli}: needs {missing} ({OPTIONAL[missing]})")
+            else:
+                print(f"minipar: warning: the verbs of {ls.cli} are missing: it failed to import "
+                      f"({type(err).__name__}: {err})", file=sys.stderr)
+            continue
+        mod.add_verbs(verbs)
+    return hidden
+
+
+def main(argv=None) -> int:
+    """Parse, validate before launching anything, run the verb. A ``UsageError`` from any verb
+    (or from its ``validate``) is printed as ``minipar: error: ...`` and exits 2."""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens, also through a pipe
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.watchdog is not None:
+        os.environ["MINIPAR_WATCHDOG"] = str(args.watchdog)
+    if args.emulate_link is not None:
+        from ..comm.link import LINKS
+
+        if args.emulate_link not in LINKS:
+            parser.error(f"--link {args.emulate_link!r}: choose one of {', '.join(LINKS)}")
+        os.environ["MINIPAR_LINK"] = args.emulate_link
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        if getattr(args, "validate", None):
+            args.validate(args)
+        return int(args.func(args) or 0)
+    except UsageError as err:
+        print(f"minipar: error: {err}", file=sys.stderr)
+        return 2

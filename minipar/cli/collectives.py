@@ -1,0 +1,73 @@
+"""Lesson 01's verbs: ``minipar run collectives`` and ``minipar bench collectives``.
+
+    minipar run -n 5 collectives --backend torch --trace trace.json
+    minipar bench collectives -n 4 --json bench.json
+    mpiexec -n 4 python -m mpi4py -m minipar bench collectives --json out.json   # already on ranks
+
+The checks are ``minipar.lessons.collectives``, the benchmark ``minipar.bench.collectives``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, parse_size, ranks, relaunch, run_and_report, strip_n,
+                     with_example, write_json)
+
+
+def add_verbs(verbs):
+    rc = lesson_run_parser(verbs.run, "collectives", "every from-scratch collective vs the builtin",
+                           "minipar run -n 5 collectives --backend torch --trace trace.json")
+    rc.set_defaults(func=cmd_run)
+
+    bc = verbs.bench.add_parser("collectives", help="all-reduce algorithms vs the builtin: time, algbw, busbw",
+                                **with_example("mpiexec -n 4 python -m mpi4py -m minipar bench collectives --json out.json"))
+    bc.add_argument("-n", type=ranks, help="launch this many ranks with mpiexec (omit when already under mpiexec)")
+    bc.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
+    bc.add_argument("--sizes", type=parse_size, nargs="+", metavar="SIZE",
+                    help=f"message sizes in bytes (default 8 ... 64M); {SIZE_HELP}")
+    bc.add_argument("--algorithms", nargs="+", help="subset of algorithms (default all + builtin)")
+    bc.add_argument("--budget", type=float, default=0.3, help="seconds of repetitions per measurement")
+    bc.add_argument("--json", help="write one record per (algorithm, size) here")
+    bc.add_argument("--plot", default="figures/collectives_busbw.png", help="figure path ('' to skip)")
+    bc.set_defaults(func=cmd_bench)
+
+
+def cmd_run(args):
+    from ..lessons.collectives import summarize
+
+    return run_and_report(args, "every collective against the builtin", "minipar.lessons.collectives:verify",
+                          summarize=summarize)
+
+
+def cmd_bench(args) -> int:
+    """Run on every rank of an mpiexec job; started outside one with ``-n N``, start that job first."""
+    if args.n and args.n > 1 and not in_mpi_job():
+        return relaunch(args.n, strip_n(sys.argv[1:]))
+    import minipar
+
+    from ..bench import collectives as B
+
+    comm = minipar.init(args.backend)
+    algs = tuple(args.algorithms) if args.algorithms else B.ALGS
+    if comm.rank == 0:
+        print(f"all-reduce benchmark on {comm.size} ranks ({args.backend}); float32; "
+              f"busbw = algbw * 2(p-1)/p; model = alpha-beta-gamma fit from a ping-pong")
+        print(B.header(algs), flush=True)
+    result = B.run(comm, args.sizes, algs, args.budget)
+    if comm.rank == 0:
+        print(f"fit: alpha = {result['alpha'] * 1e6:.2f} us, beta = {result['beta'] * 1e9:.4f} ns/B "
+              f"(1/beta = {1 / result['beta'] / 1e9 if result['beta'] else float('inf'):.2f} GB/s), "
+              f"gamma = {result['gamma'] * 1e9:.4f} ns/B")
+        if "builtin" in algs:
+            for alg in algs:
+                if alg != "builtin":
+                    r = B.ratios(result["records"], alg)
+                    if r:
+                        print(f"busbw {alg}/builtin at >= 16 MiB: " + ", ".join(f"{b >> 20} MiB: {v:.2f}x" for b, v in sorted(r.items())))
+        if args.json:
+            write_json(args.json, result["records"])
+        if args.plot:
+            os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
+            print(f"wrote {B.plot(result, args.plot)}")
+    return 0

@@ -1,0 +1,170 @@
+"""What every verb of ``minipar`` shares: the parser class, argument types, the options of
+``minipar run``, launching a lesson's checks, writing JSON, and re-running under mpiexec.
+
+A lesson's verbs live in ``minipar/cli/<lesson>.py``, one module per lesson, each with
+``add_verbs(verbs)``; this module is below all of them and imports none.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+from ..lessons.common import format_rows, merge_rows
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line, ``minipar run: error: ...``, exit 2
+    (subcommand parsers are of the same class)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+@dataclass
+class Verbs:
+    """Where a cli module adds its verbs: ``minipar VERB`` (``top``), ``minipar run LESSON``
+    (``run``) and ``minipar bench NAME`` (``bench``); each is an argparse subparsers object."""
+
+    top: argparse._SubParsersAction
+    run: argparse._SubParsersAction
+    bench: argparse._SubParsersAction
+
+
+def positive(text: str, what: str = "a whole number") -> int:
+    """The argparse type of a count: an int >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected {what} >= 1, got {text!r}")
+    return n
+
+
+def ranks(text: str) -> int:
+    """The argparse type of ``-n`` in every verb: a number of ranks, at least 1."""
+    return positive(text, "a number of ranks")
+
+
+SIZE_HELP = "K, M, G = 2^10, 2^20, 2^30 (as in nccl-tests; KiB, MiB, GiB alike): 8, 4K, 16M, 64MiB, 1G"
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(i?B)?|(B)?)", re.IGNORECASE)
+_POWER = {"K": 10, "M": 20, "G": 30, "T": 40}
+
+
+def parse_size(text: str) -> int:
+    """A human size: ``"8"`` -> 8, ``"4K"`` -> 4096, ``"16M"`` / ``"16MiB"`` -> 16 * 2**20, ``"1G"``.
+
+    Powers of two, as nccl-tests reads ``-b 8 -e 128M``. ``MB`` is refused: it means 10**6
+    to some and 2**20 to others.
+    """
+    m = _SIZE.fullmatch(text.strip())
+    if not m or (m.group(3) or "").lower() == "b":
+        hint = " (MB is ambiguous: write 16M or 16MiB)" if m else ""
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}{hint}; {SIZE_HELP}")
+    value = float(m.group(1)) * 2 ** _POWER.get((m.group(2) or "").upper(), 0)
+    if value != int(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"not a whole positive size: {text!r}; {SIZE_HELP}")
+    return int(value)
+
+
+def with_example(text, heading="example"):
+    """The keyword arguments of a parser whose ``--help`` ends with ``heading:`` and ``text``, kept as written."""
+    return {"epilog": f"{heading}:\n  " + text, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+# --------------------------------------------------------------------------- minipar run LESSON
+
+
+def run_options(p, lesson_level=False):
+    """Options of ``minipar run`` shared by every lesson, accepted before or after its name.
+
+    On the lesson's own parser the defaults are suppressed, so a value given before the lesson
+    name is not overwritten by the lesson parser's default.
+    """
+    d = (lambda v: argparse.SUPPRESS) if lesson_level else (lambda v: v)
+    p.add_argument("-n", type=ranks, default=d(4), help="ranks (default 4)")
+    p.add_argument("--backend", choices=("mpi", "torch"), default=d("mpi"))
+    p.add_argument("--trace", metavar="FILE", default=d(None), help="write a Chrome trace (open in https://ui.perfetto.dev)")
+    p.add_argument("--json", metavar="FILE", default=d(None), help="write the run's summary as JSON")
+
+
+def lesson_run_parser(run_subparsers, name, help, example, validate=None):
+    """A ``minipar run NAME`` parser with the shared options.
+
+    ``validate(args)`` runs before any rank is launched and raises ``UsageError`` for what
+    can be known up front (a shape that does not split over ``-n`` ranks); ``main`` prints it
+    as one line and exits 2. Any verb may set the same default (``set_defaults(validate=...)``).
+    """
+    p = run_subparsers.add_parser(name, help=help, **with_example(example))
+    run_options(p, lesson_level=True)
+    p.set_defaults(validate=validate)
+    return p
+
+
+def run_and_report(args, what: str, target: str, summarize=merge_rows, **kwargs) -> int:
+    """``minipar run`` for a lesson: launch ``target`` on ``args.n`` ranks, print the check rows,
+    write ``--trace`` / ``--json`` if asked; exit code 0 only if every row is ok."""
+    import time
+
+    from ..launcher import launch
+    from ..trace import write_chrome_trace
+
+    print(f"{what} on {args.n} ranks ({args.backend}): launching {target} ...", flush=True)
+    t0 = time.perf_counter()
+    out = launch(args.n, target, backend=args.backend, trace=bool(args.trace), quiet=True, **kwargs)
+    rows = summarize(out.results)
+    print(f"{len(rows)} checks ran in {time.perf_counter() - t0:.1f} s on {args.n} ranks:", flush=True)
+    print(format_rows(rows))
+    if args.trace:
+        print(f"trace: {write_chrome_trace(args.trace, out.trace)} ({len(out.trace)} events; open in https://ui.perfetto.dev)")
+    if args.json:
+        write_json(args.json, rows)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+# --------------------------------------------------------------------------- output files
+
+
+def write_json(path: str, data, label: str = "wrote") -> None:
+    """Write ``data`` to ``path`` as indented JSON and say so: ``wrote PATH``."""
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    print(f"{label} {path}")
+
+
+# --------------------------------------------------------------------------- a verb that runs on every rank
+
+
+def in_mpi_job() -> bool:
+    """True when this process was started by mpiexec (so it is one rank of a job)."""
+    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MINIPAR_IN_JOB"))
+
+
+def relaunch(n: int, argv: list[str]) -> int:
+    """Re-run this same command on n ranks: mpiexec -n N python -m mpi4py -m minipar ARGV."""
+    from ..launcher import mpiexec, rank_env, run_streaming
+
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "minipar", *argv]
+    print("launching:", " ".join(cmd[:3] + ["python"] + cmd[4:]), flush=True)
+    code, _ = run_streaming(cmd, limit=3600, env=rank_env({**os.environ, "MINIPAR_IN_JOB": "1"}))
+    return code
+
+
+def strip_n(argv: list[str]) -> list[str]:
+    """``argv`` without its ``-n N`` / ``-nN`` (what ``relaunch`` passes to every rank)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "-n":
+            skip = True
+            continue
+        if a.startswith("-n") and a[2:].isdigit():
+            continue
+        out.append(a)
+    return out

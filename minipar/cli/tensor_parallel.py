@@ -1,0 +1,75 @@
+"""Lesson 02's verbs: ``minipar run tensor_parallel`` and ``minipar bench tp``.
+
+    minipar run -n 4 tensor_parallel [--backend torch] [--dtype float32] [--trace FILE]
+    minipar bench tp -n 2 4 --sizes 256 1K 4K --json tp.json
+
+The checks are ``minipar.lessons.tensor_parallel``, the benchmark ``minipar.bench.tp``, its
+figures ``minipar.figures.tp``.
+"""
+from __future__ import annotations
+
+from ..bench.tp import DEFAULT_P, DEFAULT_SIZES
+from ..lessons.tensor_parallel import check_world_size
+from .common import SIZE_HELP, lesson_run_parser, parse_size, positive, ranks, run_and_report, with_example, write_json
+
+
+def add_verbs(verbs):
+    r = lesson_run_parser(verbs.run, "tensor_parallel", "column/row splits, Megatron MLP and attention, SP, SUMMA vs dense",
+                          "minipar run -n 4 tensor_parallel --backend torch --dtype float32",
+                          validate=lambda args: check_world_size(args.n))
+    r.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    r.set_defaults(func=cmd_run)
+
+    b = verbs.bench.add_parser(
+        "tp", help="Megatron MLP step time for TP = 2, 4 against TP = 1: speedup, compute vs communication",
+        **with_example("minipar bench tp -n 2 4 --sizes 256 1K 4K --json tp.json\n"
+                       "  minipar bench tp --tokens 1 --forward-only      # single-token inference"))
+    b.add_argument("-n", type=ranks, nargs="+", default=list(DEFAULT_P), metavar="P",
+                   help="ranks = tensor-parallel sizes, one job each, every one against TP = 1 (default 2 4)")
+    b.add_argument("--sizes", type=parse_size, nargs="+", default=list(DEFAULT_SIZES), metavar="HIDDEN",
+                   help=f"hidden sizes d (the MLP is d -> 4d -> d; default 8 ... 4K); {SIZE_HELP}")
+    b.add_argument("--tokens", type=positive, default=256, help="batch x sequence rows per step (default 256)")
+    b.add_argument("--reps", type=positive, default=7, help="A/B pairs per size, at least (default 7)")
+    b.add_argument("--budget", type=float, default=0.3, help="seconds of pairs per size: more pairs where they are "
+                   "fast (default 0.3, at most 200 pairs)")
+    b.add_argument("--rounds", type=positive, default=1, help="repeat the jobs, keep the round with the median speedup (default 1)")
+    b.add_argument("--forward-only", action="store_true", help="time the forward only (inference)")
+    b.add_argument("--json", help="write the records here")
+    b.add_argument("--figures", default="", metavar="DIR", help="also draw tp_speedup.png and tp_comm_fraction.png here")
+    b.set_defaults(func=cmd_bench, validate=validate_bench)
+
+
+def cmd_run(args):
+    return run_and_report(args, f"tensor parallelism ({args.dtype}) against the dense model",
+                          "minipar.lessons.tensor_parallel:verify", dtypes=(args.dtype,))
+
+
+def validate_bench(args):
+    """Before launching: the MLP's 4d hidden units (fc1's columns, fc2's rows) split over every p."""
+    from ..errors import UsageError
+
+    for p in args.n:
+        bad = [d for d in args.sizes if (4 * d) % p]
+        if bad:
+            raise UsageError(f"-n {p}: the MLP's hidden layer of 4d does not split over {p} ranks for "
+                             f"--sizes {' '.join(map(str, bad))}")
+
+
+def cmd_bench(args) -> int:
+    from ..bench.tp import collect, crossover, table
+
+    mode = "forward" if args.forward_only else "forward+backward"
+    print(f"Megatron MLP {mode}, {args.tokens} tokens, float32, one BLAS thread per rank; speedup = median over "
+          f"interleaved pairs of TP=1/TP=p step time, quartiles beside it", flush=True)
+    records = collect(args.n, args.sizes, args.tokens, args.reps, args.forward_only, args.rounds, budget=args.budget)
+    print(table(records))
+    for p in sorted({r["p"] for r in records} - {1}):
+        print(crossover(records, p))
+    if args.json:
+        write_json(args.json, records, label="records:")
+    if args.figures:
+        from ..figures.tp import make
+
+        for path in make(args.figures, records):
+            print(f"figure: {path}")
+    return 0
