@@ -107,6 +107,11 @@ def in_library(path: str) -> bool:
     return path.startswith(_LIBRARY + os.sep)
 
 
+def shown(path: str) -> str:
+    """``path`` (absolute) as a user reads it: relative to the working directory when inside it."""
+    return os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+
+
 class _Region:
     __slots__ = ("tracer", "name", "kind", "t0")
 

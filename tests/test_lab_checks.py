@@ -7,6 +7,7 @@ import sys
 import numpy as np
 
 from minipar.labs import checks
+from minipar.trace import shown
 from minipar.trace import Event
 
 
@@ -133,8 +134,8 @@ def test_sent_by_learner_passes_the_learners_messages_and_names_minipars():
     assert checks.sent_by_learner(comm, made(*ring), learners_fn, "f", "x", checks.COLLECTIVES) == []
     msg = checks.sent_by_learner(comm, made(*ring, kind="irecv"), learners_fn, "ring_all_reduce", "comm.sendrecv")
     assert msg == [f"rank 0's irecv from rank 1 (8 bytes) was made by minipar's own code, "
-                   f"{checks.shown(str(LIBRARY / 'collectives.py'))}:140 in ring_steps(), called at "
-                   f"{checks.shown(HERE)}:12: write ring_all_reduce's messages yourself, with comm.sendrecv"]
+                   f"{shown(str(LIBRARY / 'collectives.py'))}:140 in ring_steps(), called at "
+                   f"{shown(HERE)}:12: write ring_all_reduce's messages yourself, with comm.sendrecv"]
     # through minipar.collectives, but called by minipar's answer (the lab's solution module)
     answer = ring[:2] + [("labs/lab04_solution.py", 9, "average_gradients"), learner]
     msg = checks.sent_by_learner(comm, made(*answer), learners_fn, "average_gradients", "x", checks.COLLECTIVES)

@@ -46,11 +46,13 @@ import time
 import uuid
 from contextlib import contextmanager
 
+from ..trace import in_library, shown
+
 DEFAULT_TIMEOUT = 60.0
 POLL = 0.2
 GRACE = 3.0
-_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../minipar
-_USER_CODE_INSIDE = os.path.join(_LIBRARY, "lessons")  # drivers written as a user would
+# lesson drivers, inside the library, are written as a user would: their lines are the user's
+_USER_CODE_INSIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lessons")
 
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT) -> float:
@@ -71,9 +73,8 @@ def user_line(frame) -> str | None:
     """``file:line: code`` of the innermost frame that is not minipar's library code."""
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_LIBRARY + os.sep) or path.startswith(_USER_CODE_INSIDE + os.sep):
-            shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
-            return f"{shown}:{frame.f_lineno}: {linecache.getline(path, frame.f_lineno).strip()}"
+        if not in_library(path) or path.startswith(_USER_CODE_INSIDE + os.sep):
+            return f"{shown(path)}:{frame.f_lineno}: {linecache.getline(path, frame.f_lineno).strip()}"
         frame = frame.f_back
     return None
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..comm.watchdog import user_line
-from ..trace import SEND_KINDS, in_library
+from ..trace import SEND_KINDS, in_library, shown
 from ..xp import chunk_bounds, namespace, to_numpy
 
 
@@ -251,11 +251,6 @@ def chunk_counts(n, p):
 
 
 _LABS = os.path.dirname(os.path.abspath(__file__))  # minipar/labs: the grader's own code and the answers
-
-
-def shown(path) -> str:
-    """``path`` as a learner reads it: relative to the working directory when inside it."""
-    return os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
 
 
 def minipars(fn) -> bool:
