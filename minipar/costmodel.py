@@ -5,6 +5,7 @@ beta: seconds per byte = 1/bandwidth); combining n bytes costs ``n*gamma``. ``p`
 bytes in the full vector. These are the formulas quoted in ``minipar.collectives``.
 
     >>> t = allreduce_time("ring", n=16 * 2**20, p=4, alpha=5e-6, beta=1e-10)
+    alpha, beta = fit_alpha_beta(*zip(*pingpong(comm)))   # measured between ranks 0 and 1
 
 Bandwidths as nccl-tests reports them (https://github.com/NVIDIA/nccl-tests, PERFORMANCE.md):
 ``algbw = bytes / time``; ``busbw = algbw * factor`` with factor 2(p-1)/p for all-reduce,
@@ -13,6 +14,7 @@ actually pushes through each link, so it is comparable across p and against link
 """
 from __future__ import annotations
 
+import time
 from math import ceil, log2
 
 import numpy as np
@@ -88,3 +90,24 @@ def fit_alpha_beta(nbytes, seconds):
     n, t = np.asarray(nbytes, float), np.asarray(seconds, float)
     beta, alpha = np.polyfit(n, t, 1)
     return max(float(alpha), 0.0), max(float(beta), 0.0)
+
+
+def pingpong(comm, sizes=(8, 1024, 65536, 1 << 20, 4 << 20), reps=20):
+    """[(bytes, one-way seconds)] between ranks 0 and 1: half the round trip, best of ``reps``
+    (the same on every rank). The measurement ``fit_alpha_beta`` is made for."""
+    out = []
+    for n in sizes:
+        buf = comm.asarray(np.zeros(n // 8))
+        best = float("inf")
+        for _ in range(reps):
+            comm.barrier()
+            t0 = time.perf_counter()
+            if comm.rank == 0:
+                comm.send(buf, 1)
+                comm.recv(buf, 1)
+            elif comm.rank == 1:
+                comm.recv(buf, 0)
+                comm.send(buf, 0)
+            best = min(best, (time.perf_counter() - t0) / 2)
+        out.append((n, comm.builtin.bcast_object(best, 0)))
+    return out

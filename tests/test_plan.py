@@ -171,7 +171,7 @@ def test_data_parallel_step_by_hand():
     m = ModelSpec(layers=2, hidden=64, heads=4, seq=32, vocab=0, dropout=False, position_embeddings=False)
     hw = preset("a100-80gb")
     prob = Problem(m, 16, 8, hw, 16, overlap_dp=False)
-    p = predict(prob, Config(dp=16, microbatch=1))
+    p = predict(prob, Config(dp=16, microbatches=1))  # b = 16 / 16 = 1
     psi = m.params()
     rate = hw.peak_flops * hw.matmul_fraction
     flops = 3 * m.layers * (2 * m.seq * 12 * m.hidden ** 2 + 4 * m.seq * m.seq * m.hidden)

@@ -1,7 +1,7 @@
 """The planner against lesson 05's trainer on this machine: the memory model equals the trainer's
 counted bytes, the oversubscription model is what it says, the ranking statistics are right.
 
-The step-time comparison itself is a recorded benchmark (``python -m minipar.plan.here``,
+The step-time comparison itself is a recorded benchmark (``python -m minipar.bench.plan``,
 docs/planner_validation.md), not a test: it takes minutes and depends on the machine's load.
 """
 from __future__ import annotations
@@ -14,11 +14,12 @@ import pytest
 from minipar import costmodel as cm
 from minipar import launch
 from minipar.lessons.common import merge_rows
-from minipar.plan import Config, Problem, predict
+from minipar.bench.plan import kendall, spearman
+from minipar.bench.train import GRIDS, train_config
+from minipar.plan import Problem, predict
 from minipar.plan.hardware import Hardware, Link, this_machine
-from minipar.plan.here import kendall, predict_run, spearman, train_config
+from minipar.plan.predict import predict_run
 from minipar.train import accounting as acc
-from minipar.train.bench import GRIDS
 
 VARIANTS = [dict(dp=2, pp=2, tp=2, microbatches=4, recompute="selective"),
             dict(dp=1, pp=2, tp=4, microbatches=4, sequence_parallel=True),
@@ -53,10 +54,8 @@ def test_the_published_accounting_is_not_the_trainers():
 
     def megatron(cfg, hw):
         spec = replace(minipar_gpt(cfg.model), saves="megatron")
-        n, b = cfg.dp * cfg.pp * cfg.tp, cfg.batch // (cfg.dp * cfg.microbatches)
-        return predict(P(spec, n, n, hw, cfg.batch), Config(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, zero=cfg.zero, microbatch=b,
-                                                            recompute=cfg.recompute, schedule=cfg.schedule,
-                                                            sequence_parallel=cfg.sequence_parallel))
+        n = cfg.ranks
+        return predict(P(spec, n, n, hw, cfg.batch), cfg)  # the trainer's layout, as it is
 
     missed = {str(kw) for kw, _ in activation_mismatches(megatron)}
     assert missed == {str(kw) for kw in [dict(dp=d, pp=p, tp=t) for d, p, t in GRIDS] + VARIANTS}  # every grid
@@ -71,15 +70,19 @@ MEMORY_CONFIGS = [dict(dp=2, pp=2, tp=1, microbatches=2), dict(dp=1, pp=2, tp=2,
 def memory_right_then_wrong(comm):
     """The planner's bytes against the trainer's counts, then with two planted errors: the QKV
     bias Megatron has and minipar's GPT has not; optimizer state not sharded by ZeRO-1."""
-    from minipar.plan import here, memory
+    import importlib
 
-    out = {"right": here.check_memory(comm, MEMORY_CONFIGS)}
-    good_spec, good_states = here.minipar_gpt, memory.states
-    here.minipar_gpt = lambda gpt: replace(good_spec(gpt), qkv_bias=True)  # BUG
-    out["qkv_bias"] = here.check_memory(comm, MEMORY_CONFIGS[:1])
-    here.minipar_gpt = good_spec
+    from minipar.lessons.planning import check_memory
+    from minipar.plan import memory
+
+    prediction = importlib.import_module("minipar.plan.predict")  # the module (``plan.predict`` is also the function)
+    out = {"right": check_memory(comm, MEMORY_CONFIGS)}
+    good_spec, good_states = prediction.minipar_gpt, memory.states
+    prediction.minipar_gpt = lambda gpt: replace(good_spec(gpt), qkv_bias=True)  # BUG
+    out["qkv_bias"] = check_memory(comm, MEMORY_CONFIGS[:1])
+    prediction.minipar_gpt = good_spec
     memory.states = lambda prob, psi, n, zero, block, extras=True: good_states(prob, psi, n, zero * 0, block, extras)  # BUG
-    out["unsharded"] = here.check_memory(comm, MEMORY_CONFIGS[3:4])
+    out["unsharded"] = check_memory(comm, MEMORY_CONFIGS[3:4])
     memory.states = good_states
     return out
 
@@ -159,8 +162,8 @@ def test_spearman_and_kendall_by_hand():
 
 
 @pytest.mark.parametrize("argv, needle", [(["--steps", "0"], "--steps"), (["--machine", "/nonexistent.json"], "--machine")])
-def test_here_refuses_bad_arguments_in_one_line(argv, needle, capsys):
-    from minipar.plan.here import main
+def test_bench_plan_refuses_bad_arguments_in_one_line(argv, needle, capsys):
+    from minipar.bench.plan import main
 
     assert main(argv) == 2
     out = capsys.readouterr().out

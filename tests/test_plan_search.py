@@ -26,9 +26,9 @@ def valid(prob, c: Config) -> list[str]:
         why.append("tp does not divide heads")
     if c.cp > 1 and m.seq % (2 * c.cp):
         why.append("cp does not split the sequence")
-    if prob.batch % (c.dp * c.microbatch):
+    if prob.batch % (c.dp * c.microbatches):
         why.append("batch does not divide")
-    nmb = prob.batch // (c.dp * c.microbatch)
+    nmb = c.microbatches
     if c.schedule == "interleaved" and (c.pp == 1 or m.layers % (c.pp * c.chunks) or nmb % c.pp or c.chunks < 2):
         why.append("interleaved rules")
     if c.schedule != "interleaved" and c.chunks != 1:
@@ -55,7 +55,7 @@ def test_every_enumerated_configuration_is_valid():
 def test_the_validity_check_catches_planted_invalid_configurations():
     prob = Problem(SMALL, 16, 8, preset("a100-40gb"), 64)
     for c in (Config(tp=3, dp=5), Config(tp=2, pp=2, dp=4, zero=3), Config(tp=1, dp=16, sequence_parallel=True),
-              Config(tp=2, pp=1, dp=8, schedule="interleaved", chunks=2), Config(tp=16, dp=1, microbatch=3)):
+              Config(tp=2, pp=1, dp=8, schedule="interleaved", chunks=2), Config(tp=16, dp=1, microbatches=3)):
         assert valid(prob, c)
         with pytest.raises(UsageError):
             predict(prob, c) if c.tp * c.dp * c.pp == 16 else enumerate_configs(prob, {"tp": c.tp, "dp": c.dp})
@@ -78,9 +78,13 @@ def test_search_returns_valid_fitting_configurations_best_first():
 
 def test_search_holds_fixed_choices_and_evaluates_one_when_all_are_fixed():
     prob = Problem(model("megatron-7.5b"), 32, 8, preset("a100-80gb"), 128)
-    fixed = dict(tp=4, pp=2, dp=4, cp=1, zero=1, microbatch=2, schedule="interleaved", chunks=2,
+    fixed = dict(tp=4, pp=2, dp=4, cp=1, zero=1, microbatches=16, schedule="interleaved", chunks=2,
                  recompute="selective", sequence_parallel=True)
     cfgs, _ = enumerate_configs(prob, fixed)
+    assert len(cfgs) == 1 and cfgs.config(0) == Config(**fixed)
+    # fixing the micro-batch size instead (--microbatch 2: 128 / (dp 4 x 2) = 16 micro-batches) is the same
+    by_size = dict({k: v for k, v in fixed.items() if k != "microbatches"}, microbatch=2)
+    cfgs, _ = enumerate_configs(prob, by_size)
     assert len(cfgs) == 1 and cfgs.config(0) == Config(**fixed)
     res = search(prob, {"tp": 8}, top=3)
     assert all(res.cfgs.config(i).tp == 8 for i in res.ranked)

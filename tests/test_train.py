@@ -196,7 +196,11 @@ def test_parameter_count_with_experts():
 def test_memory_formula_reproduces_korthikanti():
     """The per-layer formula in docs/train.md, in mixed precision with Megatron's choices, is
     34 s b h + 5 a s^2 b; with TP, SP and selective recomputation their variants."""
-    from minipar.train.accounting import megatron_layer_bytes
+    from minipar.activations import drop_scores, megatron_block
+
+    def megatron_layer_bytes(s, b, h, a, t=1, sp=False, selective=False):
+        tensors = megatron_block(b, s, h, 4 * h, a, t, sp=sp)  # 16-bit, dropout, MLP 4h
+        return sum((drop_scores("megatron", tensors) if selective else tensors).values())
 
     s, b, h, a, t = 2048, 4, 4096, 32, 8
     assert megatron_layer_bytes(s, b, h, a) == 34 * s * b * h + 5 * a * s * s * b

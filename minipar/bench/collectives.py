@@ -22,26 +22,6 @@ DEFAULT_SIZES = [8 * 4**k for k in range(12)] + [16 * 2**20, 64 * 2**20]  # 8 B 
 ALGS = C.ALGORITHMS + ("builtin",)
 
 
-def pingpong(comm, sizes=(8, 1024, 65536, 1 << 20, 4 << 20), reps=20):
-    """One-way time per message size between ranks 0 and 1 (half the round trip, best of reps)."""
-    out = []
-    for n in sizes:
-        buf = comm.asarray(np.zeros(n // 8))
-        best = float("inf")
-        for _ in range(reps):
-            comm.barrier()
-            t0 = time.perf_counter()
-            if comm.rank == 0:
-                comm.send(buf, 1)
-                comm.recv(buf, 1)
-            elif comm.rank == 1:
-                comm.recv(buf, 0)
-                comm.send(buf, 0)
-            best = min(best, (time.perf_counter() - t0) / 2)
-        out.append((n, comm.builtin.bcast_object(best, 0)))
-    return out
-
-
 def reduce_rate(comm, nbytes=8 << 20):
     """gamma: seconds per byte of an in-place float32 add on this rank."""
     a, b = comm.asarray(np.ones(nbytes // 4, np.float32)), comm.asarray(np.ones(nbytes // 4, np.float32))
@@ -73,7 +53,7 @@ def run(comm, sizes=None, algorithms=ALGS, budget=0.3, verbose=True):
     sizes = sorted(set(sizes or DEFAULT_SIZES))
     p = comm.size
     if p > 1:
-        fit = pingpong(comm)
+        fit = M.pingpong(comm)
         alpha, beta = M.fit_alpha_beta([n for n, _ in fit], [t for _, t in fit])
     else:
         alpha = beta = 0.0

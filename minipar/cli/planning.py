@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 
+from ..bench import plan as bench_plan
 from ..bench.machine import cmd_machine
 from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
 from ..lessons.planning import bench_links
-from ..plan import here
 from ..plan.config import Problem
 from ..plan.hardware import LINKS, PRESET_NAMES, preset
 from ..plan.models import MODELS, ModelSpec, model, with_overrides
@@ -71,10 +71,10 @@ def add_verbs(verbs):
 
     h = verbs.bench.add_parser(
         "plan", help="the planner vs lesson 05's trainer on this machine: every grid's step time and memory",
-        epilog="example:\n  minipar bench plan --steps 3 --json here.json   (or: python -m minipar.plan.here)",
+        epilog="example:\n  minipar bench plan --steps 3 --json here.json   (or: python -m minipar.bench.plan)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    here.add_arguments(h)
-    h.set_defaults(func=here.cmd_here)
+    bench_plan.add_arguments(h)
+    h.set_defaults(func=bench_plan.cmd_here)
 
 
 def cmd_run(args) -> int:

@@ -8,7 +8,7 @@
     minipar train -n 8 --dp 2 --cp 2 --tp 2 --steps 5 --compare     # the sequence split over cp too
     minipar train -n 4 --dp 4 --experts 8 --top-k 2 --steps 5 --compare   # a mixture of experts over dp
     minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"
-    minipar bench train --steps 3 --json bench_train.json                 # minipar.train.bench
+    minipar bench train --steps 3 --json bench_train.json                 # minipar.bench.train
     minipar run -n 4 train                                                # minipar.lessons.train
 
 Every shape is checked before a rank starts (``check_shapes``): a grid that does not fit is one
@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import UsageError
-from ..train import bench as train_bench
+from ..bench import train as train_bench
 from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
 from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes

@@ -109,12 +109,13 @@ class Engine:
     forward:  for each layer: before_forward, layer.forward, after_forward (may rewrite its ctx)
     backward: for each layer, last first: before_backward, backward_input, backward_weight,
               after_backward; ``progress()`` between them advances non-blocking collectives
-    then:     sync_grads (the averaging), update (the optimizer), ledger.sample()
+    then:     sync_grads (the averaging), optimizer_step (update, the optimizer; ledger.sample())
 
     ``train_step`` runs all of it over the model's own top-level layers. When someone else runs
     the forward and backward (the pipeline executor, micro-batch after micro-batch), the engine
-    only brackets it: ``zero_grad()`` before, ``finish_step()`` after the last micro-batch, so
-    the gradients are averaged once per step, not once per micro-batch.
+    only brackets it: ``zero_grad()`` before, ``finish_step()`` (or its two halves, ``sync_grads``
+    and ``optimizer_step``) after the last micro-batch, so the gradients are averaged once per
+    step, not once per micro-batch.
     """
 
     stage = 0
@@ -150,6 +151,10 @@ class Engine:
     def finish_step(self):
         """After every micro-batch's backward: average the gradients over the group, update."""
         self.sync_grads()
+        self.optimizer_step()
+
+    def optimizer_step(self):
+        """The update with the averaged gradients (traced as "update"), then the ledger's sample."""
         with self.comm.region("update"):
             self.update()
         self.ledger.sample()

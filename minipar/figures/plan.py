@@ -96,7 +96,7 @@ def memory_bars(out, res, path, title):
         if row is not None and (p not in by_pp or res.ev["step"][row] < res.ev["step"][by_pp[p]]):
             by_pp[p] = row
     rows = [by_pp[p] for p in sorted(by_pp)]
-    labels = [res.cfgs.config(r).describe().replace(" zero", "\nzero").replace(" recompute", "\nrecompute")
+    labels = [res.cfgs.config(r).describe(prob.batch).replace(" zero", "\nzero").replace(" recompute", "\nrecompute")
               for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 5))
     bottom = np.zeros(len(rows))

@@ -45,13 +45,15 @@ def space(prob) -> dict:
     """{(tp, pp, dp, microbatch, recompute): Estimate} of every configuration of the lab's space
     (1F1B, no ZeRO, no context parallelism, sequence parallelism with tp > 1; tp within a node),
     from the planner's search columns, every pipeline simulated."""
+    from ..plan.config import microbatch_size
     from ..plan.search import evaluated, simulate_rows
 
     res = evaluated(prob, dict(cp=1, zero=0, schedule="1f1b", chunks=1))
     c = res.cfgs
     rows = np.flatnonzero(res.eligible & (c.sequence_parallel == (c.tp > 1)))
     simulate_rows(res, rows)
-    return {tuple(c.cols[k][i].item() for k in KEYS): Estimate(float(res.ev["mem"]["total"][i]), float(res.ev["step"][i]))
+    cols = dict(c.cols, microbatch=microbatch_size(prob, c))  # the lab's microbatch: the size b, not the count
+    return {tuple(cols[k][i].item() for k in KEYS): Estimate(float(res.ev["mem"]["total"][i]), float(res.ev["step"][i]))
             for i in rows}
 
 

@@ -9,7 +9,8 @@
 The checks: the planner reproduces the ZeRO paper's memory table cell for cell and Korthikanti
 et al.'s activation formulas; an emulated link (``minipar.comm.link``) really delays the
 messages: the rank sleeps at least the link's alpha + n beta for what it sent (counted from the
-trace), and the data still arrives intact (a delay, not a replacement).
+trace), and the data still arrives intact (a delay, not a replacement). ``check_memory``: the
+planner's bytes per rank equal what lesson 05's trainer counts on its ranks, to the byte.
 
 ``feel_ddp`` and ``feel_tp`` are the measured halves of seed 003's two lessons about links:
 DDP with and without NVLink, and tensor parallelism losing across a slow link. ``feel`` runs
@@ -312,6 +313,33 @@ def two_level_predicted(n, per_node=2, nbytes=1 << 23, intra_link="nvlink", inte
 
 
 # --------------------------------------------------------------------------- the tour
+
+
+def check_memory(comm, configs) -> list[dict]:
+    """Rows: for each configuration (TrainConfig fields; the model ``SMALL``-sized unless given)
+    one training step on the first dp*pp*tp ranks, the counted memory of every rank against the
+    planner's (``plan.predict.predict_run``), byte for byte. The same on every rank."""
+    from ..plan.hardware import this_machine
+    from ..plan.predict import memory_errors, predict_run
+    from ..train.trainer import Trainer
+    from .train import first_ranks, label, make_config, row, wait_politely
+
+    hw = this_machine("float64")
+    rows = []
+    for i, kw in enumerate(configs):
+        cfg = make_config(**dict(kw, steps=1))
+        sub = first_ranks(comm, cfg.ranks, f"mem{i}")
+        errors = None
+        if sub is not None:
+            tr = Trainer(sub, cfg)
+            tr.step(0)
+            measured = [(list(c), m) for c, m in sub.builtin.allgather_object((tr.grid.coords, tr.memory()))]
+            errors = memory_errors(cfg, predict_run(cfg, hw), measured)
+        errors = comm.builtin.bcast_object(errors, 0)
+        for what, err in errors.items():
+            rows.append(row(f"{label(cfg)}: planner's {what} bytes = the trainer's count", abs(err), 0.0))
+        wait_politely(comm)
+    return rows
 
 
 def tour(comm, slowdown=20.0):

@@ -4,13 +4,16 @@ recompute) to run, how much memory per GPU, how long a step, and why.
     from minipar.plan import Problem, Config, model, preset, predict, search
     prob = Problem(model("gpt3-175b"), gpus=1024, gpus_per_node=8, hw=preset("a100-80gb"), batch=1536)
     res = search(prob)                    # every valid configuration, best first
-    p = predict(prob, Config(tp=8, pp=16, dp=8, microbatch=1, recompute="full"))   # one of them
+    p = predict(prob, Config(tp=8, pp=16, dp=8, microbatches=192, recompute="full"))   # one of them (b = 1)
 
     minipar plan --model gpt3-175b --gpus 1024 --hardware a100-80gb --global-batch 1536
 
-Modules: ``models`` (parameters, FLOPs), ``hardware`` (presets with sources), ``memory``
-(ZeRO states + Korthikanti activations), ``timing`` (compute, collectives, DP), ``pipeline``
-(lesson 03's simulator), ``search``, ``advice`` (runners-up, seed 003's rule of thumb), ``report`` (what ``minipar plan``
+A configuration is a ``minipar.layout.Layout`` (the trainer's ``TrainConfig`` is one too).
+Modules: ``models`` (parameters, FLOPs), ``hardware`` (presets with sources), ``machine`` (this
+machine measured, the file the this-machine preset reads), ``memory`` (ZeRO states + the
+activation tables of ``minipar.activations``), ``timing`` (compute, collectives, DP),
+``pipeline`` (lesson 03's simulator), ``search``, ``predict`` (one configuration; a trainer
+run), ``advice`` (runners-up, seed 003's rule of thumb), ``report`` (what ``minipar plan``
 prints).
 """
 from __future__ import annotations

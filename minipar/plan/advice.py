@@ -56,9 +56,9 @@ def why_loses(res: Result, axis: str, value, i: int) -> str:
                 f"(TP comm {ev['parts']['tp_comm'][i]:.3g} s vs {ev['parts']['tp_comm'][w]:.3g} s per step)")
     if abs(slower) < 0.005:
         return (f"{name}: as fast ({ev['step'][i]:.3g} s/step) but {gb(mem['total'][i])} per GPU vs "
-                f"{gb(mem['total'][w])} [{res.cfgs.config(i).describe()}]")
+                f"{gb(mem['total'][w])} [{res.cfgs.config(i).describe(res.prob.batch)}]")
     return (f"{name}: {ev['step'][i]:.3g} s/step ({slower:+.0%}), {LABEL[worst]} {dt[worst]:+.3g} s "
-            f"[{res.cfgs.config(i).describe()}]")
+            f"[{res.cfgs.config(i).describe(res.prob.batch)}]")
 
 
 def runners_up(res: Result) -> list[str]:
@@ -152,6 +152,6 @@ def compare_rule(res: Result) -> list[str]:
     simulate_rows(res, [i])
     slower = res.ev["step"][i] / res.ev["step"][w] - 1
     lines.append(f"  the search picks {describe_family(best)}; the best {first} configuration "
-                 f"[{res.cfgs.config(i).describe()}] takes {res.ev['step'][i]:.3g} s/step, {slower:+.0%}"
+                 f"[{res.cfgs.config(i).describe(res.prob.batch)}] takes {res.ev['step'][i]:.3g} s/step, {slower:+.0%}"
                  + (" (the rule says 'may or may not be faster')" if len(rule) > 1 and rule[1] == "ZeRO" else ""))
     return lines

@@ -1,9 +1,14 @@
 """A training problem and its configurations, as columns the models evaluate all at once.
 
     prob = Problem(model("gpt3-175b"), gpus=1024, gpus_per_node=8, hw=preset("a100-80gb"), batch=1536)
-    cfgs = Configs.of([Config(tp=8, pp=16, dp=8, microbatch=1, schedule="interleaved", chunks=2,
+    cfgs = Configs.of([Config(tp=8, pp=16, dp=8, microbatches=192, schedule="interleaved", chunks=2,
                               recompute="selective", sequence_parallel=True)])
     cfgs.tp            # numpy array, one entry per configuration
+    microbatch_size(prob, cfgs)   # b = B / (dp m): 1 sequence per micro-batch
+
+A configuration is a ``minipar.layout.Layout``, the trainer's fields under the trainer's names:
+m micro-batches per pipeline per step, from which the micro-batch size b follows (the papers and
+``minipar plan --microbatch`` state b; the formulas use b).
 
 Every formula in ``memory`` and ``timing`` is written on these columns with numpy operations, so
 one call evaluates one configuration or a hundred thousand (the search) with the same code.
@@ -14,16 +19,13 @@ neighbours, so a tp group stays inside a node when tp <= GPUs per node; the data
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..layout import FIELDS, Layout
 from .hardware import Hardware
 from .models import ModelSpec
-
-SCHEDULES = ("1f1b", "interleaved", "gpipe")
-RECOMPUTE = ("none", "selective", "full")
-KEYS = ("tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
 
 
 @dataclass(frozen=True)
@@ -63,22 +65,15 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class Config:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    zero: int = 0
-    microbatch: int = 1
-    schedule: str = "1f1b"
-    chunks: int = 1
-    recompute: str = "none"
-    sequence_parallel: bool = False
+class Config(Layout):
+    """The planner's configuration: a layout, printed the way ``minipar plan`` lists it."""
 
-    def describe(self) -> str:
+    def describe(self, batch: int) -> str:
+        """One line, e.g. "tp=8 pp=16 dp=8 zero=1 mb=1 interleavedx2 recompute=selective sp" (mb:
+        sequences per micro-batch when the global batch is ``batch``)."""
         s = f"tp={self.tp} pp={self.pp} dp={self.dp}"
         s += f" cp={self.cp}" if self.cp > 1 else ""
-        s += f" zero={self.zero} mb={self.microbatch}"
+        s += f" zero={self.zero} mb={self.microbatch_size(batch)}"
         if self.pp > 1:
             s += f" {self.schedule}" + (f"x{self.chunks}" if self.schedule == "interleaved" else "")
         s += f" recompute={self.recompute}" + (" sp" if self.sequence_parallel else "")
@@ -92,13 +87,13 @@ class Configs:
         n = {len(v) for v in cols.values()}
         assert len(n) == 1, "columns of different lengths"
         self.cols = {k: np.asarray(v) for k, v in cols.items()}
-        for k in KEYS:
+        for k in FIELDS:
             setattr(self, k, self.cols[k])
 
     @classmethod
     def of(cls, configs) -> "Configs":
         configs = list(configs)
-        return cls(**{k: [getattr(c, k) for c in configs] for k in KEYS})
+        return cls(**{k: [getattr(c, k) for c in configs] for k in FIELDS})
 
     def __len__(self):
         return len(self.tp)
@@ -107,8 +102,7 @@ class Configs:
         return Configs(**{k: v[idx] for k, v in self.cols.items()})
 
     def config(self, i: int) -> Config:
-        kw = {f.name: self.cols[f.name][i].item() for f in fields(Config)}
-        return Config(**kw)
+        return Config(**{k: self.cols[k][i].item() for k in FIELDS})
 
 
 def layers_per_rank(prob: Problem, pp):
@@ -117,7 +111,7 @@ def layers_per_rank(prob: Problem, pp):
     return -(-prob.model.layers // np.asarray(pp))
 
 
-def microbatches(prob: Problem, cfg: Configs):
-    """Micro-batches per pipeline per step: B / (dp * microbatch)."""
-    return prob.batch // (cfg.dp * cfg.microbatch)
+def microbatch_size(prob: Problem, cfg: Configs):
+    """b: sequences per micro-batch, B / (dp m) (``Layout.microbatch_size`` on the columns)."""
+    return prob.batch // (cfg.dp * cfg.microbatches)
 

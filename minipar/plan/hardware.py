@@ -1,7 +1,7 @@
 """Hardware presets: what a GPU computes, holds and sends, each number with where it comes from.
 
     hw = preset("a100-80gb")          # A100 80GB SXM in DGX A100 nodes (Selene)
-    hw = preset("this-machine")       # measured here by `minipar bench machine`
+    hw = preset("this-machine")       # measured here by `minipar bench machine` (``plan.machine``)
     hw.intra, hw.inter                # Link(alpha, bandwidth): NVLink inside a node, InfiniBand across
 
 A preset has at most two calibration constants, both stated with their source:
@@ -17,12 +17,11 @@ Units: bytes, seconds, FLOP/s; a Link's bandwidth is bytes/s per GPU per directi
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field, replace
 
 from ..comm.link import LINKS, Link
 from ..errors import UsageError
+from .machine import load
 
 GiB = 2**30
 
@@ -126,24 +125,14 @@ PRESETS = {
                  "link_fraction": "measured on NVLink 4 (see LINK_FRACTION)"}),
 }
 
-MACHINE_FILE = os.path.join(os.path.dirname(__file__), "this_machine.json")
-MACHINE_ENV = "MINIPAR_MACHINE"  # another measured preset file to read instead
-
-
-def machine_file() -> str:
-    return os.environ.get(MACHINE_ENV) or MACHINE_FILE
-
 
 def this_machine(dtype: str = "float64", path: str | None = None) -> Hardware:
-    """The preset `minipar bench machine` measured: one "node" of ``cores`` cores whose ranks
-    talk through shared memory. No calibration constants: rates and alpha/beta are measured,
-    and with more ranks than cores (``oversubscribed``) alpha/beta measured with that many."""
-    path = path or machine_file()
-    try:
-        with open(path) as f:
-            m = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"no measured preset at {path}: run `minipar bench machine` first") from None
+    """The preset `minipar bench machine` measured (``machine.load``): one "node" of ``cores``
+    cores whose ranks talk through shared memory. No calibration constants: rates and alpha/beta
+    are measured, and with more ranks than cores (``oversubscribed``) alpha/beta measured with
+    that many."""
+    m = load(path)
+    path = m["path"]
     if dtype not in m["matmul_flops"]:
         raise UsageError(f"dtype={dtype!r}: {path} has rates for {', '.join(m['matmul_flops'])}")
     shm = Link("shared memory", m["alpha"], 1.0 / m["beta"], "ping-pong between two ranks (minipar bench machine)")

@@ -7,8 +7,9 @@ parameters the worst pipeline rank holds: its blocks (split by tp), and the embe
 first rank, the tied LM head copy and final LayerNorm on the last. ZeRO shards over the dp x cp
 ranks that hold the same weights.
 
-Activations of one block for one micro-batch of b sequences (Korthikanti et al. 2022, sec. 4,
-in bytes, e = bytes per element, masks 1 byte per element when there is dropout):
+Activations of one block for one micro-batch of b sequences come from the table of the model's
+block type (``minipar.activations``, ``ModelSpec.saves``). Megatron's (Korthikanti et al. 2022,
+sec. 4, in bytes, e = bytes per element, masks 1 byte per element when there is dropout):
 
     attention   Q, K, V, QKV input, projection input  5e sbh,  softmax output e as^2 b
                 (+ dropout: mask sbh after the projection, mask as^2 b + dropout output e as^2 b)
@@ -22,12 +23,14 @@ drops the as^2 b terms; full recomputation keeps only each block's input (e sbh,
 sequence parallelism) and rebuilds one block's activations at a time in the backward. Context
 parallelism divides everything by cp (each rank holds s/cp queries).
 
-minipar's own layers (``ModelSpec(saves="minipar")``, lesson 05's GPT) keep a little more, as
-``minipar.train.accounting.layer_saved`` lists it: each LayerNorm its normalized input and 1/std,
-s b (h + 1); the GeLU its tanh beside its input (3e sb ffn for the MLP); and with sequence
-parallelism the gathered QKV and fc1 inputs, whole (2e sbh on every TP rank). The first stage
-keeps the int64 token ids, the last the final LayerNorm's, the head's input and the logits'
-gradient. Against the trainer's counted bytes these are exact (``minipar.plan.here``).
+minipar's own layers (``ModelSpec(saves="minipar")``, lesson 05's GPT) keep a little more: each
+LayerNorm its normalized input and 1/std, s b (h + 1); the GeLU its tanh beside its input (3e sb
+ffn for the MLP); with sequence parallelism the gathered QKV and fc1 inputs, whole (2e sbh on
+every TP rank); with context parallelism the attention core's output and log-sum-exp instead of
+the probabilities. The first stage keeps the int64 token ids, the last the final LayerNorm's,
+the head's input and the logits' gradient. The trainer counts the same table against its arrays
+(``minipar.train.accounting``), and the planner's bytes equal its count (lesson 07's checks,
+``minipar bench plan``).
 
 A rank keeps the activations of every micro-batch in flight. How many is the schedule's
 business: lesson 03's generators state it per rank (``Schedule.inflight_limit``), and we read it
@@ -40,38 +43,34 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..activations import SCORES, block_input, megatron_block, megatron_ends, minipar_block, minipar_ends
 from ..memory import zero_bytes
 from ..pipeline.schedules import make_schedule
-from .config import Configs, Problem, layers_per_rank, microbatches
+from .config import Configs, Problem, layers_per_rank, microbatch_size
 
 GB = 1e9
+
+
+def block_tensors(prob: Problem, b, tp, cp, sp) -> dict:
+    """{tensor: bytes} one block of the model keeps per micro-batch on one rank, no recomputation."""
+    m, e = prob.model, prob.hw.dtype_bytes
+    if m.saves == "minipar":
+        return minipar_block(b, m.seq, m.hidden, m.f, m.heads, tp, cp, sp, e)
+    return megatron_block(b, m.seq, m.hidden, m.f, m.heads, tp, cp, sp, e, m.dropout)
 
 
 def layer_activations(prob: Problem, b, tp, cp, sp):
     """(all, scores) bytes of one block's activations for one micro-batch, no recomputation:
     ``all`` is what the forward leaves for the backward, ``scores`` its as^2 b part (per rank)."""
-    m, e = prob.model, prob.hw.dtype_bytes
-    mask = 1 if m.dropout else 0
-    sbh = m.seq * b * m.hidden / cp
-    sbf = m.seq * b * m.f / cp
-    if m.saves == "minipar":  # lesson 05's layers: see the module docstring
-        scores = e * m.heads * m.seq * m.seq * b / cp
-        ln = 2 * e * m.seq * b * (m.hidden + 1) / cp  # two LayerNorms: xhat and 1/std
-        whole = 2 * e * sbh  # QKV and fc1 inputs (gathered under SP, kept whole)
-        split = 4 * e * sbh + 3 * e * sbf  # q, k, v, projection input; GeLU input, tanh, fc2 input
-        return np.where(sp, ln / tp, ln) + whole + (split + scores) / tp, scores / tp
-    scores = m.heads * m.seq * m.seq * b / cp * (e + (mask + e if m.dropout else 0))
-    replicated = 4 * e * sbh + 2 * mask * sbh  # LayerNorm inputs, QKV and fc1 inputs, masks
-    split = 4 * e * sbh + 2 * e * sbf  # Q, K, V, projection input, GeLU and fc2 inputs
-    total = np.where(sp, (replicated + split + scores) / tp, replicated + (split + scores) / tp)
-    return total, scores / tp
+    tensors = block_tensors(prob, b, tp, cp, sp)
+    return sum(tensors.values()), sum(tensors[k] for k in SCORES[prob.model.saves])
 
 
 def stored_activations(prob: Problem, b, tp, cp, sp, recompute):
     """Bytes of one block's activations kept per micro-batch in flight."""
     full, scores = layer_activations(prob, b, tp, cp, sp)
-    block_input = prob.hw.dtype_bytes * prob.model.seq * b * prob.model.hidden / cp / np.where(sp, tp, 1)
-    return np.select([recompute == "none", recompute == "selective"], [full, full - scores], block_input)
+    kept_input = block_input(b, prob.model.seq, prob.model.hidden, tp, cp, sp, prob.hw.dtype_bytes)
+    return np.select([recompute == "none", recompute == "selective"], [full, full - scores], kept_input)
 
 
 @lru_cache(maxsize=None)
@@ -94,8 +93,7 @@ def inflight(schedule: str, pp: int, nmb: int, chunks: int) -> tuple[int, int]:
 
 def inflight_columns(prob: Problem, cfg: Configs):
     """In-flight counts per configuration, one generator call per distinct (schedule, pp, nmb, v)."""
-    nmb = microbatches(prob, cfg)
-    keys = list(zip(cfg.schedule.tolist(), cfg.pp.tolist(), nmb.tolist(), cfg.chunks.tolist()))
+    keys = list(zip(cfg.schedule.tolist(), cfg.pp.tolist(), cfg.microbatches.tolist(), cfg.chunks.tolist()))
     table = {k: inflight(*k) for k in set(keys)}
     first = np.array([table[k][0] for k in keys])
     last = np.array([table[k][1] for k in keys])
@@ -139,23 +137,17 @@ def memory(prob: Problem, cfg: Configs) -> dict:
     backward (the block full recomputation rebuilds), which a count taken between pipeline
     actions (lesson 05's trainer) does not see."""
     m, hw = prob.model, prob.hw
-    b, tp, cp, sp = cfg.microbatch, cfg.tp, cfg.cp, cfg.sequence_parallel
+    b, tp, cp, sp = microbatch_size(prob, cfg), cfg.tp, cfg.cp, cfg.sequence_parallel
     v = cfg.chunks
     per_chunk = layers_per_rank(prob, cfg.pp) / v
     stored = stored_activations(prob, b, tp, cp, sp, cfg.recompute)
     full, _ = layer_activations(prob, b, tp, cp, sp)
     working = np.where(cfg.recompute == "full", full, 0)  # one block rebuilt in the backward
     fl, ll = inflight_columns(prob, cfg)
-    sbh = m.seq * b * m.hidden / cp / np.where(sp, tp, 1)
-    e = hw.dtype_bytes
-    mask = 1 if m.dropout else 0
-    logit_bytes = 4 if hw.mixed_precision else e  # the cross-entropy runs in fp32 under mixed precision
-    first_extra = mask * sbh  # embedding dropout mask
-    last_extra = 2 * e * sbh + logit_bytes * m.seq * b * m.vocab / (tp * cp)  # final LN, LM head input, logits
-    if m.saves == "minipar":
-        tokens = m.seq * b / cp
-        first_extra = 8 * tokens  # the token ids (int64), for the embedding's backward
-        last_extra = e * (tokens / np.where(sp, tp, 1) * (m.hidden + 1) + tokens * m.hidden + tokens * m.vocab / tp)
+    ends = (minipar_ends(b, m.seq, m.hidden, m.vocab, tp, cp, sp, hw.dtype_bytes) if m.saves == "minipar" else
+            megatron_ends(b, m.seq, m.hidden, m.vocab, tp, cp, sp, hw.dtype_bytes, m.dropout,
+                          logit_bytes=4 if hw.mixed_precision else hw.dtype_bytes))  # fp32 cross-entropy
+    first_extra, last_extra = (sum(end.values()) for end in ends)
     act_first = fl * (per_chunk * stored + first_extra) + working
     act_last = ll * (per_chunk * stored + last_extra) + working
     act_first = np.where(cfg.pp == 1, act_first + fl * last_extra, act_first)

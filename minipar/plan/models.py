@@ -36,7 +36,7 @@ class ModelSpec:
     position_embeddings: bool = True  # learned positions (s * h parameters); False for ALiBi/RoPE
     dropout: bool = True  # dropout masks are stored (1 byte per element), as in Megatron's GPT
     qkv_bias: bool = True  # Megatron's QKV projection has a bias; minipar's GPT has none
-    saves: str = "megatron"  # which tensors a block keeps for its backward: see ``memory.layer_activations``
+    saves: str = "megatron"  # which tensors a block keeps for its backward: ``minipar.activations``'s tables
 
     def __post_init__(self):
         for k in ("layers", "hidden", "heads", "seq"):

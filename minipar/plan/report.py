@@ -29,11 +29,11 @@ def report(res) -> str:
     lines.append(f"{'#':>2} {'configuration':<64} {'step s':>8} {'TFLOP/s':>8} {'MFU':>6}   memory GB: "
                  f"{'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'total':>7}")
     for r, i in enumerate(res.ranked, 1):
-        lines.append(f"{r:>2} {res.cfgs.config(i).describe():<64} {ev['step'][i]:8.3g} {ev['tflops_per_gpu'][i]:8.1f} "
+        lines.append(f"{r:>2} {res.cfgs.config(i).describe(prob.batch):<64} {ev['step'][i]:8.3g} {ev['tflops_per_gpu'][i]:8.1f} "
                      f"{ev['mfu'][i]:6.1%}              {_mem_cells(mem, i)}" + ("" if mem["fits"][i] else "  (does not fit)"))
     w = res.ranked[0]
     parts = ", ".join(f"{LABEL[k]} {v[w]:.3g} s" for k, v in ev["parts"].items())
-    lines += ["", f"best: {res.cfgs.config(w).describe()}",
+    lines += ["", f"best: {res.cfgs.config(w).describe(prob.batch)}",
               f"  memory per GPU: {gb(mem['total'][w])} of {gb(prob.capacity)} (params {gb(mem['params'][w])}, "
               f"grads {gb(mem['grads'][w])}, optimizer {gb(mem['optimizer'][w])}, activations {gb(mem['activations'][w])})"
               + (f"; host {gb(mem['host'][w])}" if prob.offload else ""),

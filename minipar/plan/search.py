@@ -4,13 +4,17 @@
     res.best, res.ranked            # Config, [row indices] best first
     res.ev["step"][i]               # after search: simulated rows only
 
+``fixed`` holds choices by layout field (``minipar.layout.FIELDS``), or the micro-batch size as
+``microbatch`` (sequences, as ``minipar plan --microbatch`` and the papers state it).
+
 Validity (Megatron-LM's rules unless noted):
 
 - tp divides the GPUs, the heads and the MLP width; tp <= GPUs per node unless asked
   (configurations with a cross-node tp are still evaluated, to say why they lose);
 - cp: the sequence splits into 2 cp chunks (load-balanced causal attention), cp <= 64;
 - pp divides the layers (any pp <= layers when given explicitly: DeepSpeed spreads the rest);
-- dp = GPUs / (tp pp cp); the global batch divides by dp x microbatch;
+- dp = GPUs / (tp pp cp); the global batch divides by dp x the micro-batch size b, into m
+  micro-batches per pipeline;
 - interleaved: pp > 1, layers % (pp chunks) == 0, micro-batches % pp == 0;
 - ZeRO-2/3 only without pipeline parallelism (DeepSpeed refuses them with its pipeline engine:
   gradients would be reduce-scattered every micro-batch); ZeRO needs dp x cp > 1;
@@ -33,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from .config import Config, Configs, KEYS, Problem
+from ..layout import FIELDS
+from .config import Config, Configs, Problem, microbatch_size
 from .pipeline import makespans
 from .timing import PARTS, evaluate, finish
 
@@ -45,7 +50,7 @@ def divisors(n: int) -> list[int]:
 def _check_fixed(prob: Problem, fixed: dict):
     m, G = prob.model, prob.gpus
     tp, pp, dp, cp = (fixed.get(k) for k in ("tp", "pp", "dp", "cp"))
-    for k in ("tp", "pp", "dp", "cp", "microbatch", "chunks"):
+    for k in ("tp", "pp", "dp", "cp", "microbatch", "microbatches", "chunks"):
         if k in fixed and (not isinstance(fixed[k], int) or fixed[k] < 1):
             raise UsageError(f"--{k} must be a positive integer, got {fixed[k]!r}")
     if tp and (G % tp or m.heads % tp or m.f % tp):
@@ -93,10 +98,10 @@ def enumerate_configs(prob: Problem, fixed: dict | None = None, allow_cross_node
                 d = G // (t * c * p)
                 if "dp" in fixed and fixed["dp"] != d or B % d:
                     continue
-                for b in choices("microbatch", divisors(B // d)):
-                    if (B // d) % b:
-                        continue
+                for b in divisors(B // d):  # the micro-batch size, and m = B / (d b) micro-batches
                     nmb = B // (d * b)
+                    if fixed.get("microbatch", b) != b or fixed.get("microbatches", nmb) != nmb:
+                        continue
                     if p == 1:
                         scheds = [("1f1b", 1)]
                     else:
@@ -114,13 +119,13 @@ def enumerate_configs(prob: Problem, fixed: dict | None = None, allow_cross_node
                         for sched, v in scheds:
                             for rec in choices("recompute", ["none", "selective", "full"]):
                                 for sp in choices("sequence_parallel", [False] + ([True] if t > 1 else [])):
-                                    rows.append((t, p, d, c, z, b, sched, v, rec, sp))
+                                    rows.append(dict(tp=t, pp=p, dp=d, cp=c, zero=z, microbatches=nmb, schedule=sched,
+                                                     chunks=v, recompute=rec, sequence_parallel=sp))
                                     eligible.append(t <= gpn or allow_cross_node_tp or "tp" in fixed)
     if not rows:
         raise UsageError(f"no valid configuration for {G} GPUs with {', '.join(f'--{k} {v}' for k, v in fixed.items()) or 'these choices'}"
                          f" (global batch {B}, {m.layers} layers, {m.heads} heads)")
-    cols = list(zip(*rows))
-    return Configs(**dict(zip(KEYS, cols))), np.array(eligible)
+    return Configs(**{k: [r[k] for r in rows] for k in FIELDS}), np.array(eligible)
 
 
 @dataclass
@@ -143,7 +148,12 @@ class Result:
         """One configuration's numbers (scalars), JSON-ready."""
         c = self.cfgs.config(i)
         mem = self.ev["mem"]
-        out = {k: getattr(c, k) for k in KEYS}
+        out = {}
+        for k in FIELDS:  # the layout, with the micro-batch size for the count (as --microbatch takes it)
+            if k == "microbatches":
+                out["microbatch"] = c.microbatch_size(self.prob.batch)
+            else:
+                out[k] = getattr(c, k)
         out["fits"] = bool(mem["fits"][i])
         out["memory_gb"] = {k: float(mem[k][i]) / 1e9 for k in ("params", "grads", "optimizer", "activations", "total")}
         out["step_time_s"] = float(self.ev["step"][i])
@@ -210,20 +220,24 @@ def search(prob: Problem, fixed: dict | None = None, top: int = 5, allow_cross_n
 AXES = ("tp", "pp", "cp", "zero", "recompute", "schedule", "sequence_parallel", "microbatch")
 
 
+def axis_column(res: Result, axis: str) -> np.ndarray:
+    """The values of ``axis`` (an AXES name) over the configurations; "microbatch": the micro-batch size."""
+    return microbatch_size(res.prob, res.cfgs) if axis == "microbatch" else res.cfgs.cols[axis]
+
+
 def alternatives(res: Result, per_axis: int = 1) -> list[tuple[str, object, int]]:
     """(axis, value, row) of the best configuration for values of each axis other than the
     winner's: the closest fitting one (by estimate), else the smallest non-fitting one; each
     configuration once."""
     if not res.ranked:
         return []
-    best = res.cfgs.config(res.ranked[0])
     mem, lb = res.ev["mem"], res.ev["estimate"]
     out = []
     for axis in AXES:
-        col = res.cfgs.cols[axis]
+        col = axis_column(res, axis)
         picks = []
         for val in np.unique(col):
-            if val == getattr(best, axis):
+            if val == col[res.ranked[0]]:
                 continue
             sel = np.flatnonzero(col == val)
             ok = sel[mem["fits"][sel]]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import costmodel as cm
-from .config import Configs, Problem, layers_per_rank, microbatches
+from .config import Configs, Problem, layers_per_rank, microbatch_size
 from .memory import layer_activations, memory
 from .models import executed_flops, layer_flops, model_flops
 from .pipeline import makespan_estimate, makespan_lower_bound
@@ -75,7 +75,7 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     """Per micro-batch times of a pipeline stage (arrays): F, B (compute + exposed communication),
     the LM head's extra on the last stage, point-to-point, and their parts."""
     m, hw = prob.model, prob.hw
-    b, tp, cp, sp, rec = cfg.microbatch, cfg.tp, cfg.cp, cfg.sequence_parallel, cfg.recompute
+    b, tp, cp, sp, rec = microbatch_size(prob, cfg), cfg.tp, cfg.cp, cfg.sequence_parallel, cfg.recompute
     share = hw.compute_share(prob.ranks_on_node)
     rate = hw.peak_flops * hw.matmul_fraction * share
     bw = hw.hbm_bandwidth * share
@@ -113,7 +113,7 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     head_f = head_flops / rate + 2 * logits / bw
     head_b = 2 * head_flops / rate + 3 * logits / bw
 
-    nmb = microbatches(prob, cfg)
+    nmb = cfg.microbatches
     mem = memory(prob, cfg) if mem is None else mem
     bp, bg, _ = prob.bytes_per_param()
     psi = np.maximum(mem["psi_first"], mem["psi_last"])

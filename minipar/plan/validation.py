@@ -76,7 +76,7 @@ def calibrate_matmul_fraction(hw_name: str = "a100-80gb") -> float:
     flops = 3 * 4 * (mm + att) / 8  # forward + backward, micro-batch 4, split over tp = 8
     full, _ = layer_activations(prob, 4, 8, 1, False)
     memory_bound = 5 * float(full) / hw.hbm_bandwidth  # 2 passes forward, 3 backward
-    tp = float(stage_times(prob, Configs.of([Config(tp=8, microbatch=4)]))["tp_comm"][0])
+    tp = float(stage_times(prob, Configs.of([Config(tp=8, microbatches=1)]))["tp_comm"][0])  # b = 4
     return flops / (19.6e-3 - tp - memory_bound) / hw.peak_flops
 
 
@@ -88,7 +88,7 @@ def reproduce(i: int, hw_name: str = "a100-80gb") -> dict:
     w = res.ranked[0]
     pred = res.ev["tflops_per_gpu"][w] if metric == "tflops" else res.ev["step"][w]
     return dict(source=src, model=name, gpus=gpus, batch=batch, metric=metric, published=pub, predicted=float(pred),
-                error=float(pred) / pub - 1, config=res.cfgs.config(w).describe(), fits=bool(res.ev["mem"]["fits"][w]),
+                error=float(pred) / pub - 1, config=res.cfgs.config(w).describe(prob.batch), fits=bool(res.ev["mem"]["fits"][w]),
                 memory_gb=float(res.ev["mem"]["total"][w]) / 1e9, seconds=time.perf_counter() - t0)
 
 

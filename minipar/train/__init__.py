@@ -6,16 +6,18 @@
 
     model.py      the GPT (dense reference) and one pipeline stage of it on a TP group
     data.py       the sorting task, tokenized by character; batches as a function of the step
-    config.py     TrainConfig (the grid dp x pp x cp x tp, schedule, model, data) and check_shapes
+    config.py     TrainConfig (a ``minipar.layout.Layout``: the grid dp x pp x cp x tp, schedule,
+                  ...; plus model, data) and check_shapes
     trainer.py    the step composing TP layers, CP attention, experts, the pipeline executor and
-                  the DP/ZeRO engine
+                  the DP/ZeRO engine; the one-process reference
+    experts.py    the mixture-of-experts bookkeeping: expert units, what the MoE layers report
     checkpoint.py sharded checkpoints that reshard onto any grid: reading, checking, resuming
     saving.py     writing one: the folder's lock, a checksum per shard, renames a kill survives
     generate.py   greedy decoding with a KV cache on a TP group
     accounting.py activation memory and bytes per step: the formulas the runs must equal
     mutants.py    the planted bugs the checks must catch
-    bench.py      ``minipar bench train`` (its verbs, with train and generate: minipar/cli/train.py)
     torch_oracle.py  the same GPT in torch autograd (the oracle of the tests)
+    (the verbs: ``minipar.cli.train``; ``minipar bench train``: ``minipar.bench.train``)
 
 docs/train.md derives every formula; docs/benchmarks_train.md has the measurements.
 """

@@ -9,6 +9,7 @@ e bytes per element, m micro-batches.
 
 Activations are counted per memory block (a view and its base once), as ``Trainer.sample``
 counts them: the forward contexts the executor keeps, and the output gradients it keeps for W.
+What one block keeps is ``minipar.activations.minipar_block`` (the table the planner reads too).
 A (stage, micro-batch) holds A bytes from its F to its B; with the backward split (zb-h1) it
 holds A + G from its I to its W (G: the output gradients saved for the weight gradients). The
 peak is the largest sum over the rank's action list: per saved tensor, times the schedule's
@@ -16,12 +17,13 @@ in-flight count.
 """
 from __future__ import annotations
 
+from ..activations import block_input, drop_scores, minipar_block, minipar_ends
 from ..pipeline.schedules import make_schedule
 
 
 def dims(cfg):
     M = cfg.model
-    b = cfg.batch // (cfg.dp * cfg.microbatches)
+    b = cfg.microbatch_size(cfg.batch)
     T = M.seq_len // cfg.cp  # my positions of each sequence
     Ts = T // cfg.tp if cfg.sequence_parallel else T
     e = 8 if cfg.dtype == "float64" else 4
@@ -29,43 +31,30 @@ def dims(cfg):
 
 
 def layer_saved(cfg) -> dict:
-    """Elements one block keeps from its F to its backward, by tensor (recompute mode applied)."""
-    b, T, Ts, C, H, a, V, t, _ = dims(cfg)
+    """Bytes one block keeps from its F to its backward, by tensor (recompute mode applied)."""
+    b, T, Ts, C, H, a, V, t, e = dims(cfg)
+    s, cp, sp = cfg.model.seq_len, cfg.cp, cfg.sequence_parallel
     if cfg.recompute == "full":
-        return {"block input x": b * Ts * C}
-    out = {
-        "ln1 xhat, rstd": b * Ts * (C + 1),
-        "qkv input (ln1 output; SP: all-gathered)": b * T * C,
-        "q, k, v": 3 * b * T * C // t,
-        "attention probabilities p": b * a * T * T // t,
-        "proj input (merged heads)": b * T * C // t,
-        "ln2 xhat, rstd": b * Ts * (C + 1),
-        "fc1 input (ln2 output; SP: all-gathered)": b * T * C,
-        "GeLU input, tanh": 2 * b * T * H // t,
-        "fc2 input (GeLU output)": b * T * H // t,
-    }
-    if cfg.cp > 1:  # ring attention and Ulysses keep the output and the log-sum-exp instead of p
-        del out["attention probabilities p"]
-        out["attention output, log-sum-exp (CP core)"] = b * T * C // t + b * a * T // t
-    elif cfg.recompute == "selective":
-        del out["attention probabilities p"]
-    return out
+        return {"block input x": block_input(b, s, C, t, cp, sp, e)}
+    out = minipar_block(b, s, C, H, a, t, cp, sp, e)
+    # ring attention and Ulysses keep no probabilities: nothing more for selective to drop
+    return drop_scores("minipar", out) if cfg.recompute == "selective" else out
 
 
 def layer_grads(cfg) -> dict:
-    """Elements one block keeps from its I to its W (zb-h1): the output gradients of its layers
+    """Bytes one block keeps from its I to its W (zb-h1): the output gradients of its layers
     with weights, which backward_weight needs (with full recompute: also the rebuilt ctx)."""
-    b, T, Ts, C, H, a, V, t, _ = dims(cfg)
+    b, T, Ts, C, H, a, V, t, e = dims(cfg)
     out = {
-        "block output grad": b * Ts * C,
-        "mlp input grad (ln2's output grad)": b * Ts * C,
-        "attention output grad dh": b * Ts * C,
-        "attention input grad (ln1's output grad)": b * Ts * C,
-        "fc1 output grad": b * T * H // t,
-        "qkv output grad": 3 * b * T * C // t,
+        "block output grad": e * b * Ts * C,
+        "mlp input grad (ln2's output grad)": e * b * Ts * C,
+        "attention output grad dh": e * b * Ts * C,
+        "attention input grad (ln1's output grad)": e * b * Ts * C,
+        "fc1 output grad": e * b * T * H // t,
+        "qkv output grad": 3 * e * b * T * C // t,
     }
     if cfg.sequence_parallel:
-        out["fc2, proj output grads all-gathered"] = 2 * b * T * C
+        out["fc2, proj output grads all-gathered"] = 2 * e * b * T * C
     if cfg.recompute == "full":
         out.update({"rebuilt " + k: v for k, v in layer_saved(cfg.with_(recompute="none")).items()})
     return out
@@ -75,15 +64,16 @@ def stage_bytes(cfg, stage: int, n_stages: int):
     """(A, G) in bytes for one micro-batch of ``stage``."""
     b, T, Ts, C, H, a, V, t, e = dims(cfg)
     layers = cfg.model.n_layers // n_stages
-    A = layers * sum(layer_saved(cfg).values()) * e
-    G = layers * sum(layer_grads(cfg).values()) * e
+    A = layers * sum(layer_saved(cfg).values())
+    G = layers * sum(layer_grads(cfg).values())
+    first, last = minipar_ends(b, cfg.model.seq_len, C, V, t, cfg.cp, cfg.sequence_parallel, e)
     if stage == 0:
-        A += 8 * b * T  # the token ids (int64), for the embedding's scatter-add
-        G += b * Ts * C * e  # the embedding's output grad
+        A += sum(first.values())
+        G += e * b * Ts * C  # the embedding's output grad
     if stage == n_stages - 1:
-        A += (b * Ts * (C + 1) + b * T * C + b * T * V // t) * e  # ln_f; head input; dlogits
-        G += b * Ts * C * e  # ln_f's output grad
-    return A, G
+        A += sum(last.values())
+        G += e * b * Ts * C  # ln_f's output grad
+    return int(A), int(G)
 
 
 def activation_peak(cfg, coords) -> int:
@@ -178,33 +168,3 @@ def measured_comm(events, rank) -> dict:
             if fam in out:
                 out[fam] += ev.bytes
     return out
-
-
-# --------------------------------------------------------------------------- the published formula
-
-
-def megatron_tensors(s, b, h, a, t=1, sp=False, selective=False) -> dict:
-    """Bytes per tensor one Megatron block keeps (Korthikanti et al. 2022, table 2's accounting):
-    16-bit activations (2 bytes), 1-byte dropout masks, LayerNorm *inputs* kept (not xhat and
-    rstd), the GeLU's input only. Tensors outside the TP region are divided by t only with
-    sequence parallelism (Megatron keeps the all-gathered inputs sharded and gathers them again
-    in the backward). The same list, with our choices, is ``layer_saved``."""
-    r = t if sp else 1  # what replicated tensors are divided by
-    out = {
-        "ln1 input": 2 * s * b * h / r, "qkv input": 2 * s * b * h / r,
-        "q, k": 4 * s * b * h / t, "softmax output": 2 * a * s * s * b / t,
-        "attention dropout mask": a * s * s * b / t, "attention dropout output": 2 * a * s * s * b / t,
-        "v": 2 * s * b * h / t, "proj input": 2 * s * b * h / t, "proj dropout mask": s * b * h / r,
-        "ln2 input": 2 * s * b * h / r, "fc1 input": 2 * s * b * h / r,
-        "GeLU input": 8 * s * b * h / t, "fc2 input": 8 * s * b * h / t, "mlp dropout mask": s * b * h / r,
-    }
-    if selective:
-        for k in ("softmax output", "attention dropout mask", "attention dropout output"):
-            del out[k]
-    return out
-
-
-def megatron_layer_bytes(s, b, h, a, t=1, sp=False, selective=False) -> float:
-    """34 s b h + 5 a s^2 b (t = 1); s b h (10 + 24/t) + 5 a s^2 b / t with TP; 34 s b h / t +
-    5 a s^2 b / t with TP and SP; 34 s b h / t with selective recomputation as well."""
-    return sum(megatron_tensors(s, b, h, a, t, sp, selective).values())

@@ -3,14 +3,17 @@
     cfg = TrainConfig(GPTConfig(), dp=2, pp=2, tp=2, cp=2, schedule="1f1b", microbatches=4)
     check_shapes(cfg, world=16)     # pure: raises UsageError naming the first dimension that does not fit
 
-The command line calls ``check_shapes`` before launching any rank, every rank again before
-building its stages (``minipar.train.trainer``).
+A TrainConfig is a ``minipar.layout.Layout`` (dp, pp, tp, cp, schedule, micro-batches, chunks,
+ZeRO, recomputation, sequence parallelism: the fields the planner predicts, under the same names)
+plus the model, the data and the optimizer. The command line calls ``check_shapes`` before
+launching any rank, every rank again before building its stages (``minipar.train.trainer``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
+from ..layout import Layout
 from ..nn.recompute import MODES as RECOMPUTE
 from .data import VOCAB, Data
 from .model import GPTConfig
@@ -18,22 +21,14 @@ from .model import GPTConfig
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 DTYPES = ("float64", "float32")
 CP_ATTENTION = ("ring", "ulysses")
-
-# the documented model: the sorting task, ~400k parameters (docs/train.md)
+# the documented model of ``minipar train`` and ``minipar bench train``: the sorting task, ~400k
+# parameters (docs/train.md)
 DEFAULT_MODEL = dict(vocab=96, d_model=64, n_heads=8, n_layers=8, seq_len=32)
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Layout):
     model: GPTConfig = field(default_factory=GPTConfig)
-    dp: int = 1
-    pp: int = 1
-    tp: int = 1
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    sequence_parallel: bool = False
-    recompute: str = "none"
-    zero: int = 0
     steps: int = 5
     batch: int = 16  # global batch, in samples of model.seq_len tokens
     dtype: str = "float64"
@@ -41,13 +36,7 @@ class TrainConfig:
     seed: int = 0  # the model's initial weights
     data: str = "random"  # "random" (checks) or "sorting" (the task)
     data_seed: int = 1
-    cp: int = 1  # context-parallel ranks: the sequence split over them
     cp_attention: str = "ring"  # the attention core over cp: "ring" or "ulysses"
-
-    @property
-    def chunks(self) -> int:
-        """v: model chunks per pipeline rank (2 for the interleaved schedule)."""
-        return 2 if self.schedule == "interleaved" else 1
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -78,7 +67,7 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
                          f"micro-batch, see docs/train.md)")
     if cfg.dtype not in DTYPES:
         raise UsageError(f"--dtype={cfg.dtype!r}: choose one of {', '.join(DTYPES)}")
-    n = cfg.dp * cfg.pp * cfg.cp * cfg.tp
+    n = cfg.ranks
     if world is not None and n != world:
         cp = f" x cp={cfg.cp}" if cfg.cp > 1 else ""
         raise UsageError(f"-n {world}: the grid dp={cfg.dp} x pp={cfg.pp}{cp} x tp={cfg.tp} needs {n} ranks")
@@ -99,10 +88,13 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
         raise UsageError(f"--sequence-parallel: seq_len={m.seq_len}" + (f" / cp = {m.seq_len // cfg.cp}" if cfg.cp > 1 else "")
                          + f" is not divisible by --tp={cfg.tp}")
     check_experts(cfg)
+    if (cfg.schedule == "interleaved") != (cfg.chunks > 1):
+        raise UsageError(f"chunks={cfg.chunks} with --schedule={cfg.schedule}: the interleaved schedule runs 2 or "
+                         f"more model chunks per pipeline rank, the others one")
     stages = cfg.pp * cfg.chunks
     if m.n_layers % stages:
         raise UsageError(f"--pp={cfg.pp}: n_layers={m.n_layers} is not divisible by pp x chunks = {stages}"
-                         + (" (interleaved: 2 chunks per rank)" if cfg.chunks > 1 else ""))
+                         + (f" (interleaved: {cfg.chunks} chunks per rank)" if cfg.chunks > 1 else ""))
     if cfg.batch % (cfg.dp * cfg.microbatches):
         raise UsageError(f"--batch={cfg.batch} is not divisible by dp x microbatches = "
                          f"{cfg.dp} x {cfg.microbatches}")

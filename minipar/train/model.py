@@ -184,12 +184,6 @@ def is_expert(name: str) -> bool:
     return ".expert" in name
 
 
-def layer_range(cfg: GPTConfig, stage: int, n_stages: int) -> range:
-    """The global indices of the blocks of ``stage`` (n_layers divisible by n_stages)."""
-    per = cfg.n_layers // n_stages
-    return range(stage * per, (stage + 1) * per)
-
-
 def _replicated(dense):
     """A copy of a layer every TP rank holds whole (a LayerNorm, the position embedding)."""
     import copy

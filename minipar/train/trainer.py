@@ -19,10 +19,12 @@ A step, on every rank:
    the ``cp`` group; with E experts the MLP is lesson 06's expert-parallel MoE over the dp
    group), and the last stage's loss is the vocab-parallel cross-entropy over the ``tp`` group;
 3. after the flush: the tied embedding's gradient summed over the ``emb`` group (first and last
-   stage), then lesson 04's engine (DDP or ZeRO-1) averages every replicated gradient over the
-   ``dp_cp`` group (dp x cp ranks), once, and takes the Adam step. Experts are not averaged:
-   each is held by one rank of the dp group, whose dispatch already summed every replica's
-   tokens into its gradient; it is divided by dp (``sync_experts``) and stepped alone.
+   stage, ``sync_tied``), then lesson 04's engine (DDP or ZeRO-1) averages every replicated
+   gradient over the ``dp_cp`` group (dp x cp ranks), once (``sync_dp``), and takes the Adam
+   step. Experts are not averaged: each is held by one rank of the dp group, whose dispatch
+   already summed every replica's tokens into its gradient; it is divided by dp
+   (``sync_experts``) and stepped alone. What the MoE layers report (aux loss, tokens per
+   expert) is kept by ``train.experts.ExpertLog``.
 
 The gradient of the mean loss over the global batch is the mean over the dp x cp ranks of the
 mean over their micro-batches, because every micro-batch has the same number of tokens on every
@@ -48,6 +50,7 @@ from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
 from ..xp import copy, storage
 from ..zero import ZeRO1
 from .config import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
+from .experts import ExpertLog, expert_totals, split_experts
 from .model import GPT, GPTConfig, build_stage, moe_layers  # noqa: F401 (GPTConfig re-exported)
 from .saving import owning
 from .saving import save as save_checkpoint
@@ -76,19 +79,8 @@ def engine_units(stages: dict, split_tied: bool):
             if is_tied:
                 tied[f"s{s}.{name}"] = child
             else:
-                _split_experts(child, f"s{s}.{name}", units, experts)
+                split_experts(child, f"s{s}.{name}", units, experts)
     return Units(units), (Units(tied) if tied else None), (Units(experts) if experts else None)
-
-
-def _split_experts(module, name, units, experts):
-    if not moe_layers(module):
-        units[name] = module
-    elif hasattr(module, "experts"):  # a MoE: the router is replicated, the experts are not
-        units[f"{name}.router"] = module.router
-        experts.update({f"{name}.expert{e}": m for e, m in module.experts().items()})
-    else:
-        for child_name, child in module.children().items():
-            _split_experts(child, f"{name}.{child_name}", units, experts)
 
 
 def arrays_in(obj):
@@ -142,16 +134,12 @@ class Trainer:
             alone = comm.split(comm.rank, key=0, name=f"experts(r{comm.rank})")
             self.engines.append(engine(alone, experts, lr=cfg.lr))
         self.experts = experts
-        self.moe = {s: [(f"h.{name}.mlp", blk.mlp) for name, blk in st.blocks() if moe_layers(blk.mlp)]
-                    for s, st in self.stages.items()}
-        for layers in self.moe.values():
-            for _, layer in layers:
-                layer.aux_scale, layer.log = 1.0 / cfg.microbatches, []  # m micro-batches are averaged
+        self.moe = ExpertLog(self.stages, cfg.microbatches)  # what the MoE layers report, per step
         self.first, self.last = 0 in self.stages, S - 1 in self.stages
         self.vocab_start = t * cfg.model.vocab // cfg.tp
         self.data = make_data(cfg)
         self.peak_activations = 0
-        self.aux, self.expert_counts, self.history = 0.0, {}, []
+        self.history = []
         self._param_keys = {storage(a)[0] for st in self.stages.values() for _, a in st.named_parameters()}
 
     # ----------------------------------------------------------------- one step
@@ -164,7 +152,7 @@ class Trainer:
         cp > 1 only my positions of each row (labels: the next token of each of them)."""
         cfg, (d, _, _) = self.cfg, self.grid.coords
         rows = cfg.batch // cfg.dp
-        b = rows // cfg.microbatches
+        b = cfg.microbatch_size(cfg.batch)
         ids = self.data.batch(step, cfg.batch, cfg.model.seq_len)[d * rows:(d + 1) * rows]  # (B/dp, T+1)
         x, y = ids[:, :-1], ids[:, 1:]  # (B/dp, T) each
         if self.positions is not None:
@@ -177,23 +165,14 @@ class Trainer:
     def activation_shape(self, stage, i):
         """What travels between stages: (b, T/cp, C), (b, T/cp/tp, C) sequence parallel."""
         cfg = self.cfg
-        b = cfg.batch // (cfg.dp * cfg.microbatches)
         T = cfg.model.seq_len // cfg.cp // (cfg.tp if cfg.sequence_parallel else 1)
-        return (b, T, cfg.model.d_model)
+        return (cfg.microbatch_size(cfg.batch), T, cfg.model.d_model)
 
     def sample(self, action, held):
         """After every pipeline action: the activations held, and what the MoE layers of its stage
-        logged. A forward's (aux loss, kept and routed tokens per expert) count; what full
-        recomputation's second forward (inside B or I) logs is the same and is dropped."""
+        logged (``ExpertLog.record``)."""
         self.peak_activations = max(self.peak_activations, held_bytes(held, self._param_keys))
-        for name, layer in self.moe.get(action.stage, ()):
-            if action.kind == "F":
-                for aux, kept, routed in layer.log:
-                    self.aux += aux * layer.aux_scale
-                    k, r = self.expert_counts.setdefault(name, (np.zeros(len(kept), int), np.zeros(len(kept), int)))
-                    k += kept
-                    r += routed
-            layer.log.clear()
+        self.moe.record(action)
 
     def sync_experts(self):
         """Divide the expert gradients by dp: each expert's owner received every replica's tokens
@@ -210,21 +189,29 @@ class Trainer:
         g = self.stages[0].embed.grads["wte"] if self.first else self.stages[max(self.stages)].head.grads["wte"]
         g[...] = all_reduce(self.grid.emb, g)
 
+    def sync_dp(self):
+        """Average every replicated gradient over the ``dp_cp`` group (dp x cp ranks), once per
+        step, after the flush: DDP's ring all-reduce of each flat buffer, ZeRO-1's reduce-scatter
+        (a rank keeps the average of its shard). The experts' engine has a group of one: nothing."""
+        for e in self.engines:
+            e.sync_grads()
+
     def step(self, step: int):
         """One optimizer step on the global batch ``step``; returns this rank's loss (the mean over
         its micro-batches of the cross-entropy of its tokens) on the last stage, else None. With
-        experts, ``self.aux`` holds the mean over the micro-batches of the aux losses of the MoE
-        layers this rank holds, and ``self.expert_counts`` {layer: (kept, routed) per expert}."""
+        experts, ``self.moe`` holds what the MoE layers this rank holds logged (``ExpertLog``)."""
         xs, ys = self.microbatches(step)
         for e in self.engines:
             e.zero_grad()
-        self.aux, self.expert_counts = 0.0, {}
+        self.moe.reset()
+        # pp: activations forward and gradients back between stages; tp, cp and ep inside them
         out = run_schedule(self.grid.pp, self.schedule, self.stages, xs, ys, loss=self.loss,
                            shape_of=self.activation_shape, dtype=self.cfg.dtype, after_action=self.sample)
-        self.sync_tied()
-        self.sync_experts()
+        self.sync_tied()  # emb: the tied embedding's gradient summed over the first and last stage
+        self.sync_experts()  # nothing sent: an expert's gradient already holds every replica's tokens
+        self.sync_dp()  # dp: the replicated gradients averaged over the dp x cp ranks
         for e in self.engines:
-            e.finish_step()  # DP: average once, after the flush; then Adam
+            e.optimizer_step()  # Adam (ZeRO-1: on my shard, then the updated shards all-gathered over dp x cp)
         return out["loss"]
 
     # ----------------------------------------------------------------- reading the state
@@ -268,7 +255,7 @@ def train(comm, cfg: TrainConfig, report=None, dense=None, trainer=None, start=0
             loss = tr.step(step)
             dt = time.perf_counter() - t0
             comm.tracer.enabled = False
-            everyone = comm.builtin.allgather_object((tr.grid.coords, loss, dt, tr.memory(), tr.aux, tr.expert_counts))
+            everyone = comm.builtin.allgather_object((tr.grid.coords, loss, dt, tr.memory(), tr.moe.aux, tr.moe.counts))
             losses.append(global_loss(cfg, [(c, l, aux) for c, l, _, _, aux, _ in everyone]))
             times.append(max(x for _, _, x, *_ in everyone))
             experts = expert_totals([(c, counts) for c, *_, counts in everyone])
@@ -288,22 +275,6 @@ def global_loss(cfg, parts) -> float:
     ends = [l for (d, p, t), l, _ in parts if p == cfg.pp - 1 and t == 0]
     aux = sum(a for (d, p, t), _, a in parts if t == 0) / (cfg.dp * cfg.cp)
     return float(np.mean(ends)) + aux if aux else float(np.mean(ends))
-
-
-def expert_totals(parts) -> dict:
-    """{MoE layer: {"kept": tokens per expert, "routed": ...}} over the global batch: the sum of
-    every rank's counts (TP rank 0: its TP partners route the same tokens)."""
-    out = {}
-    for (d, p, t), counts in parts:
-        for name, (kept, routed) in counts.items() if t == 0 else ():
-            k, r = out.setdefault(name, (np.zeros(len(kept), int), np.zeros(len(kept), int)))
-            k += kept
-            r += routed
-    return {name: {"kept": k.tolist(), "routed": r.tolist()} for name, (k, r) in sorted(out.items(), key=_layer_order)}
-
-
-def _layer_order(item):
-    return int(item[0].split(".")[1])
 
 
 # ------------------------------------------------------------------- the one-process reference
@@ -333,12 +304,7 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
             moe.groups, moe.aux_groups, moe.log = cfg.dp * m, m, []
     losses = []
     for step in range(steps if steps is not None else cfg.steps):
-        ids = data.batch(step, cfg.batch, cfg.model.seq_len)[rows]
-        model.zero_grad()
-        logits, ctx = model.forward(ids[:, :-1])
-        loss, dlogits = cross_entropy(logits, ids[:, 1:])
-        model.backward(dlogits, ctx)
-        opt.step([g for _, g in model.named_grads()])
+        loss = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows])
         aux = sum(moe.log[0][0] for _, moe in moes)
         losses.append(float(loss) + aux if moes else float(loss))
         if record is not None:
@@ -346,3 +312,14 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
         for _, moe in moes:
             moe.log.clear()
     return losses, {n: np.array(p) for n, p in model.named_parameters()}
+
+
+def dense_step(model, opt, ids):
+    """One step of the dense GPT on token ids (B, T+1) in one process: forward, cross-entropy,
+    backward, Adam. Returns the loss (the cross-entropy; MoE aux losses are in the layers' logs)."""
+    model.zero_grad()
+    logits, ctx = model.forward(ids[:, :-1])  # (B, T, V)
+    loss, dlogits = cross_entropy(logits, ids[:, 1:])
+    model.backward(dlogits, ctx)
+    opt.step([g for _, g in model.named_grads()])
+    return loss

@@ -29,4 +29,4 @@ def choose_config(job, predict):
     name = "a100-40gb" if job["capacity_bytes"] < 50e9 else "a100-80gb"
     prob = plan.Problem(plan.model(spec.name), job["gpus"], job["gpus_per_node"], plan.preset(name), job["batch"])
     best = plan.search(prob, dict(cp=1, zero=0, schedule="1f1b", chunks=1), top=1).best
-    return dict(tp=best.tp, pp=best.pp, dp=best.dp, microbatch=best.microbatch, recompute=best.recompute)
+    return dict(tp=best.tp, pp=best.pp, dp=best.dp, microbatch=best.microbatch_size(prob.batch), recompute=best.recompute)

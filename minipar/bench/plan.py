@@ -1,7 +1,7 @@
-"""The planner against lesson 05's trainer on this machine: step time and memory of every grid.
+"""Benchmark: the planner against lesson 05's trainer on this machine, step time and memory of every grid.
 
-    python -m minipar.plan.here                     # measure the machine, run every grid, compare
-    python -m minipar.plan.here --machine FILE      # a preset measured before (minipar bench machine)
+    python -m minipar.bench.plan                    # measure the machine, run every grid, compare
+    python -m minipar.bench.plan --machine FILE     # a preset measured before (minipar bench machine)
     minipar bench plan --steps 3 --json here.json   # the same
 
 One run, so that every ratio is taken under the same conditions:
@@ -9,18 +9,20 @@ One run, so that every ratio is taken under the same conditions:
 1. this machine is measured as ``minipar bench machine`` measures it (matmul rate, memory
    bandwidth, alpha/beta between two ranks, and alpha/beta of a ring step with 2 and 4 ranks per
    core), unless ``--machine`` names a preset file;
-2. every grid of ``minipar bench train`` (``minipar.train.bench.GRIDS``: every 8-rank
+2. every grid of ``minipar bench train`` (``minipar.bench.train.GRIDS``: every 8-rank
    factorization, and 1, 2 and 4 ranks) trains the documented GPT for ``--steps`` steps after a
    warm-up, each grid its own mpiexec job; the step time is the slowest rank's mean;
-3. ``minipar.plan.predict`` predicts each grid from that preset alone: nothing is fitted to the
-   runs. It is printed twice: with the oversubscription model (ranks > cores compute at
-   cores/ranks of a core's rate, and their messages cost what a ring step costs with that many
-   ranks running) and without it (every rank its own core, the two-rank ping-pong's alpha).
+3. ``minipar.plan.predict.predict_run`` predicts each grid from that preset alone: nothing is
+   fitted to the runs. It is printed twice: with the oversubscription model (ranks > cores
+   compute at cores/ranks of a core's rate, and their messages cost what a ring step costs with
+   that many ranks running) and without it (every rank its own core, the two-rank ping-pong's
+   alpha).
 
 Memory: the trainer counts the bytes every rank holds (its engine's ledger, the activations
 between pipeline actions); the planner's model applied to the same GPT (``models.minipar_gpt``)
 must give the same bytes at both ends of the pipeline, to the byte, except the block that full
-recomputation rebuilds inside a backward (``transient``), which the trainer does not see.
+recomputation rebuilds inside a backward (``transient``), which the trainer does not see
+(``minipar.plan.predict.memory_errors``; lesson 07's checks hold it on a few grids).
 
 The ranking: Spearman's rho and Kendall's tau between predicted and measured step times, over
 all grids and over the 8-rank ones, and the three fastest of each.
@@ -34,9 +36,8 @@ import tempfile
 
 import numpy as np
 
-from .models import minipar_gpt
-
-MEMORY_KEYS = ("params", "grads", "optimizer", "activations")
+from ..plan.predict import MEMORY_KEYS, memory_errors, predict_run
+from .train import GRIDS, train_config
 
 
 # --------------------------------------------------------------------------- on the ranks
@@ -50,73 +51,6 @@ def run_grid(comm, cfg, steps: int) -> dict:
     tr, _, times = train(comm, cfg.with_(steps=steps + 1))
     everyone = comm.builtin.allgather_object((tr.grid.coords, tr.memory()))
     return {"step_s": float(np.mean(times[1:])), "memory": [(list(c), m) for c, m in everyone]}
-
-
-# --------------------------------------------------------------------------- the prediction
-
-
-def train_config(dp, pp, tp, batch=32, **kw):
-    """The benchmark's configuration of a grid (``minipar bench train``): 1f1b, m = 2 pp."""
-    from ..train.config import DEFAULT_MODEL
-    from ..train.model import GPTConfig
-    from ..train.trainer import TrainConfig
-
-    kw.setdefault("microbatches", 2 * pp if pp > 1 else 1)
-    return TrainConfig(GPTConfig(**DEFAULT_MODEL), dp=dp, pp=pp, tp=tp, batch=batch, data="sorting", lr=3e-3, **kw)
-
-
-def predict_run(cfg, hw):
-    """The planner's Prediction for a TrainConfig on this machine's ranks (one node). The trainer
-    averages the gradients once, after the pipeline's flush: nothing hides the DP collective."""
-    from .config import Config, Problem
-    from .predict import predict
-
-    n = cfg.dp * cfg.pp * cfg.tp
-    b = cfg.batch // (cfg.dp * cfg.microbatches)
-    return predict(Problem(minipar_gpt(cfg.model), n, n, hw, cfg.batch, overlap_dp=False),
-                   Config(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, zero=cfg.zero, microbatch=b, schedule=cfg.schedule,
-                          chunks=cfg.chunks, recompute=cfg.recompute, sequence_parallel=cfg.sequence_parallel))
-
-
-def memory_errors(cfg, pred, measured) -> dict:
-    """Bytes predicted minus bytes counted, per key, at the first and the last pipeline rank
-    (every tp and dp coordinate of it): all zero when the model is exact."""
-    out = {}
-    for end, p in (("first", 0), ("last", cfg.pp - 1)):
-        want = pred.ends[end]
-        for coords, mem in measured:
-            if coords[1] != p:
-                continue
-            for k in MEMORY_KEYS:
-                w = want[k] - (want["transient"] if k == "activations" else 0)
-                out[f"{end} {k}"] = max(out.get(f"{end} {k}", 0.0), abs(w - mem[k]))
-    return out
-
-
-def check_memory(comm, configs) -> list[dict]:
-    """Rows: for each configuration (TrainConfig fields; the model ``SMALL``-sized unless given)
-    one training step on the first dp*pp*tp ranks, the counted memory of every rank against the
-    planner's, byte for byte. The same on every rank."""
-    from ..lessons.train import first_ranks, label, make_config, row, wait_politely
-    from ..train.trainer import Trainer
-    from .hardware import this_machine
-
-    hw = this_machine("float64")
-    rows = []
-    for i, kw in enumerate(configs):
-        cfg = make_config(**dict(kw, steps=1))
-        sub = first_ranks(comm, cfg.dp * cfg.pp * cfg.tp, f"mem{i}")
-        errors = None
-        if sub is not None:
-            tr = Trainer(sub, cfg)
-            tr.step(0)
-            measured = [(list(c), m) for c, m in sub.builtin.allgather_object((tr.grid.coords, tr.memory()))]
-            errors = memory_errors(cfg, predict_run(cfg, hw), measured)
-        errors = comm.builtin.bcast_object(errors, 0)
-        for what, err in errors.items():
-            rows.append(row(f"{label(cfg)}: planner's {what} bytes = the trainer's count", abs(err), 0.0))
-        wait_politely(comm)
-    return rows
 
 
 # --------------------------------------------------------------------------- ranking
@@ -158,17 +92,16 @@ def ranking(rows, key="predicted_s") -> dict:
 
 def measure_machine(path: str) -> None:
     """What ``minipar bench machine`` writes, measured now, into ``path``."""
-    from ..bench.machine import cmd_machine
+    from .machine import measure_and_report
 
-    cmd_machine(argparse.Namespace(n=2, out=path))
+    measure_and_report(2, path)
 
 
 def validate(steps=2, machine=None, grids=None, out=print) -> dict:
     from dataclasses import replace
 
     from ..launcher import launch
-    from ..train.bench import GRIDS
-    from .hardware import this_machine
+    from ..plan.hardware import this_machine
 
     tmp = None
     if machine is None:
@@ -193,7 +126,7 @@ def validate(steps=2, machine=None, grids=None, out=print) -> dict:
     for dp, pp, tp in grids or GRIDS:
         cfg = train_config(dp, pp, tp)
         n = dp * pp * tp
-        res = launch(n, "minipar.plan.here:run_grid", quiet=True, job_timeout=3600.0, cfg=cfg, steps=steps).results[0]
+        res = launch(n, "minipar.bench.plan:run_grid", quiet=True, job_timeout=3600.0, cfg=cfg, steps=steps).results[0]
         p, q = predict_run(cfg, hw), predict_run(cfg, naive)
         errs = memory_errors(cfg, p, res["memory"])
         worst = max(sum(m[k] for k in MEMORY_KEYS) for _, m in res["memory"])
@@ -251,7 +184,7 @@ def add_arguments(p):
 def main(argv=None) -> int:
     from ..errors import UsageError
 
-    p = argparse.ArgumentParser(prog="python -m minipar.plan.here", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minipar.bench.plan", description=__doc__.split("\n\n")[0])
     add_arguments(p)
     try:
         return cmd_here(p.parse_args(argv))

@@ -2,12 +2,13 @@
 
     minipar bench train --json docs/bench_train.json
 
-One run measures, at the documented model size (``config.DEFAULT_MODEL``, the sorting task,
-global batch 32 x 32 tokens):
+One run measures, at the documented model size (``train.config.DEFAULT_MODEL``, the sorting
+task, global batch 32 x 32 tokens):
 
 - this machine's matmul rate: one BLAS thread, a (1024 x 256) x (256 x 1024) float64 product,
   best of several (the ceiling a rank can reach);
-- the one-process baseline: the dense GPT, forward, backward and Adam, no communicator at all;
+- the one-process baseline: the dense GPT, forward, backward and Adam, no communicator at all
+  (``train.trainer.dense_step``, the step of the one-process reference);
 - every 8-rank factorization dp x pp x tp, and grids of 1, 2 and 4 ranks, each launched on
   its own (mpiexec), timed over ``--steps`` steps after one warm-up step;
 - MFU = model FLOPs per second / (matmul rate x cores the ranks can use), model FLOPs per
@@ -27,6 +28,16 @@ import numpy as np
 
 GRIDS = [(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 8, 1), (1, 4, 2), (1, 2, 4),
          (1, 1, 8), (1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2)]
+
+
+def train_config(dp, pp, tp, batch=32, **kw):
+    """The benchmark's configuration of a grid: the documented GPT on the sorting task, 1f1b,
+    m = 2 pp micro-batches."""
+    from ..train.config import DEFAULT_MODEL, TrainConfig
+    from ..train.model import GPTConfig
+
+    kw.setdefault("microbatches", 2 * pp if pp > 1 else 1)
+    return TrainConfig(GPTConfig(**DEFAULT_MODEL), dp=dp, pp=pp, tp=tp, batch=batch, data="sorting", lr=3e-3, **kw)
 
 
 def matmul_rate(seconds=1.0) -> float:
@@ -51,10 +62,9 @@ def bench_rank(comm, cfg, steps, baseline=False):
     """Seconds per step (the slowest rank's) over ``steps`` steps after one warm-up step; on one
     rank with ``baseline`` the dense GPT without any communicator; plus the matmul rate."""
     if baseline:
-        from ..nn import cross_entropy
         from ..optim import Adam
-        from .model import GPT
-        from .trainer import make_data
+        from ..train.model import GPT
+        from ..train.trainer import dense_step, make_data
 
         model, data = GPT(cfg.model, cfg.seed), make_data(cfg)
         opt = Adam([p for _, p in model.named_parameters()], lr=cfg.lr)
@@ -62,14 +72,10 @@ def bench_rank(comm, cfg, steps, baseline=False):
         for step in range(steps + 1):
             ids = data.batch(step, cfg.batch, cfg.model.seq_len)
             t0 = time.perf_counter()
-            model.zero_grad()
-            logits, ctx = model.forward(ids[:, :-1])
-            _, dlogits = cross_entropy(logits, ids[:, 1:])
-            model.backward(dlogits, ctx)
-            opt.step([g for _, g in model.named_grads()])
+            dense_step(model, opt, ids)
             times.append(time.perf_counter() - t0)
         return {"step_s": float(np.mean(times[1:])), "matmul_flops": matmul_rate()}
-    from .trainer import train
+    from ..train.trainer import train
 
     tr, _, times = train(comm, cfg.with_(steps=steps + 1))
     peaks = comm.builtin.allgather_object(tr.peak_activations)
@@ -81,12 +87,12 @@ def recompute_table(base, steps, ranks=4):
     """Activation peak (measured and formula) and step time of each recompute mode on
     dp1 pp2 tp2 (1f1b, m=4): what each mode saves and what it costs."""
     from ..launcher import launch
-    from .accounting import activation_peak
+    from ..train.accounting import activation_peak
 
     rows = []
     for mode in ("none", "selective", "full"):
         cfg = base.with_(pp=2, tp=2, microbatches=4, recompute=mode)
-        r = launch(ranks, "minipar.train.bench:bench_rank", quiet=True, job_timeout=3600.0, cfg=cfg, steps=steps).results[0]
+        r = launch(ranks, "minipar.bench.train:bench_rank", quiet=True, job_timeout=3600.0, cfg=cfg, steps=steps).results[0]
         want = max(activation_peak(cfg, (0, p, 0)) for p in range(cfg.pp))
         rows.append({"recompute": mode, "peak_activations": r["peak_activations"], "formula": want, "step_s": r["step_s"]})
         print(f"recompute {mode:<10} peak activations {r['peak_activations'] / 2**20:8.2f} MiB (formula "
@@ -96,15 +102,13 @@ def recompute_table(base, steps, ranks=4):
 
 def run(args) -> int:
     from ..launcher import launch
-    from .config import DEFAULT_MODEL
-    from .model import GPTConfig
-    from .trainer import TrainConfig, check_shapes
+    from ..train.config import check_shapes
 
-    base = TrainConfig(GPTConfig(**DEFAULT_MODEL), batch=args.batch, data="sorting", lr=3e-3)
+    base = train_config(1, 1, 1, batch=args.batch)
     m = base.model
     print(f"minipar bench train: GPT {m.num_params():,} parameters, batch {base.batch} x {m.seq_len} tokens, "
           f"{args.steps} timed steps after one warm-up; under mpiexec, one BLAS thread per rank", flush=True)
-    out = launch(1, "minipar.train.bench:bench_rank", quiet=True, job_timeout=3600.0, cfg=base, steps=args.steps, baseline=True)
+    out = launch(1, "minipar.bench.train:bench_rank", quiet=True, job_timeout=3600.0, cfg=base, steps=args.steps, baseline=True)
     b = out.results[0]
     rate, cores = b["matmul_flops"], os.cpu_count() or 1
     flops = model_flops(base)
@@ -118,10 +122,10 @@ def run(args) -> int:
     show(rows[0])
     for dp, pp, tp in GRIDS:
         n = dp * pp * tp
-        mb = 2 * pp if pp > 1 else 1
-        cfg = base.with_(dp=dp, pp=pp, tp=tp, microbatches=mb, schedule=args.schedule)
+        cfg = train_config(dp, pp, tp, batch=args.batch, schedule=args.schedule)
+        mb = cfg.microbatches
         check_shapes(cfg, n)
-        res = launch(n, "minipar.train.bench:bench_rank", quiet=True, job_timeout=3600.0, cfg=cfg, steps=args.steps)
+        res = launch(n, "minipar.bench.train:bench_rank", quiet=True, job_timeout=3600.0, cfg=cfg, steps=args.steps)
         s = res.results[0]["step_s"]
         r = {"grid": f"dp{dp} pp{pp} tp{tp}" + (f" ({args.schedule} m={mb})" if pp > 1 else ""), "ranks": n,
              "tokens_per_s": tokens / s, "step_s": s, "speedup": b["step_s"] / s,
