@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from ..comm.watchdog import user_line
 from ..errors import UsageError
-from ..launcher import LaunchError, launch
+from ..launcher import LaunchError, ending_on_signals, launch
 from .checks import Answers, ranks
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -279,17 +279,18 @@ def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False):
     (grade it again alone) or AGAIN (the job died before its verdict: grade it again with the
     others)}, whether the job ran to its end). ``answers``: the lab's solution module, whose
     function for a task the learner's may not run (nor the task's ``reference``)."""
-    folder = tempfile.mkdtemp(prefix="minipar-check-")
-    try:
-        res = launch(n, grade_on_ranks, quiet=True, watchdog=timeout,
-                     job_timeout=timeout + 60 + sum(t.budget for t in tasks),
-                     checks=[(t.key, t.check, t.function, t.budget,
-                              ((f"{answers}:{t.function}",) if answers else ()) + t.reference) for t in tasks],
-                     path=path, solution=solution, batch=len(tasks) > 1, folder=folder)
-    except LaunchError as err:
-        return died(err, tasks, n, read_doing(folder, n)), False
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with ending_on_signals():  # SIGTERM, SIGHUP: the ranks' files go before this process does
+        folder = tempfile.mkdtemp(prefix="minipar-check-")
+        try:
+            res = launch(n, grade_on_ranks, quiet=True, watchdog=timeout,
+                         job_timeout=timeout + 60 + sum(t.budget for t in tasks),
+                         checks=[(t.key, t.check, t.function, t.budget,
+                                  ((f"{answers}:{t.function}",) if answers else ()) + t.reference) for t in tasks],
+                         path=path, solution=solution, batch=len(tasks) > 1, folder=folder)
+        except LaunchError as err:
+            return died(err, tasks, n, read_doing(folder, n)), False
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
     verdict = {}
     for t in tasks:
         per_rank = [rank[t.key] for rank in res.results]
