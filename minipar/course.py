@@ -19,19 +19,21 @@ class Lesson:
     name: str  # "collectives"
     title: str
     driver: str  # "module:function" the tour runs on ranks; returns check rows
-    figures_module: str = ""  # module with make(outdir, quick=False, ...) -> [paths]
+    figures_modules: tuple[str, ...] = ()  # modules with make(outdir, quick=False, ...) -> [paths]
     lab: str | None = None  # the lab's folder: README.md, exercise.py, mutants/
     notebook: str | None = None  # notebooks/NN_topic.ipynb
-    figures: tuple[str, ...] = ()  # the files figures_module writes into figures/
+    figures: tuple[str, ...] = ()  # the files figures_modules write into figures/
     packages: tuple[str, ...] = ()  # the library it teaches (default: minipar.<name>)
     run: str | None = None  # `minipar run VERB` (default: the name)
     grader: str | None = None  # the lab's tasks and checks (default: minipar.labs.labNN)
     solution: str | None = None  # minipar's answers under the exercise's names (default: ..._solution)
     cli: str | None = None  # the module with add_verbs(verbs), the lesson's verbs (default: minipar.cli.<name>)
     verbs: tuple[str, ...] = ()  # the verbs that module adds: "run collectives", "bench collectives", "schedule"
+    drivers: tuple[str, ...] = ()  # its driver modules in minipar/lessons/ (default: minipar.lessons.<name>)
 
     def __post_init__(self):
-        default = {"packages": (f"minipar.{self.name}",), "run": self.name, "cli": f"minipar.cli.{self.name}"}
+        default = {"packages": (f"minipar.{self.name}",), "run": self.name, "cli": f"minipar.cli.{self.name}",
+                   "drivers": (f"minipar.lessons.{self.name}",)}
         if self.lab:
             default["grader"] = f"minipar.labs.lab{self.key}"
             default["solution"] = f"minipar.labs.lab{self.key}_solution"
@@ -42,37 +44,40 @@ class Lesson:
 
 LESSONS = [
     Lesson("01", "collectives", "Collectives from send/recv: broadcast, reduce, all-gather, reduce-scatter, all-reduce",
-           "minipar.lessons.collectives:tour", "minipar.figures.collectives",
+           "minipar.lessons.collectives:tour", ("minipar.figures.collectives",),
            "labs/01_collectives", "notebooks/01_collectives.ipynb",
            ("collectives_busbw.png", "collectives_ring_steps.png"),
            packages=("minipar.collectives",), run="collectives",
            grader="minipar.labs.lab01", solution="minipar.labs.lab01_solution",
-           verbs=("run collectives", "bench collectives")),
+           verbs=("run collectives", "bench collectives"),
+           drivers=("minipar.lessons.collectives", "minipar.lessons.faults")),
     Lesson("02", "tensor_parallel", "Tensor parallelism: column/row splits, Megatron MLP and attention, 2D block product",
-           "minipar.lessons.tensor_parallel:tour", "minipar.figures.tp",
+           "minipar.lessons.tensor_parallel:tour", ("minipar.figures.tp",),
            "labs/02_tensor_parallel", "notebooks/02_tensor_parallel.ipynb",
            ("tp_speedup.png", "tp_comm_fraction.png"),
            packages=("minipar.tensor_parallel",), run="tensor_parallel",
            grader="minipar.labs.lab02", solution="minipar.labs.lab02_solution",
            verbs=("run tensor_parallel", "bench tp")),
     Lesson("03", "pipeline", "Pipeline parallelism: naive, GPipe, 1F1B, interleaved, zero-bubble; bubbles measured",
-           "minipar.lessons.pipeline:tour", "minipar.figures.pipeline",
+           "minipar.lessons.pipeline:tour", ("minipar.figures.pipeline", "minipar.figures.pipeline_async"),
            "labs/03_pipeline", "notebooks/03_pipeline.ipynb",
            ("pipeline_schedules.png", "pipeline_measured_vs_simulated.png", "bubble_vs_microbatches.png",
             "pipeline_memory.png", "pipeline_async.png"),
            packages=("minipar.pipeline",), run="pipeline",
            grader="minipar.labs.lab03", solution="minipar.labs.lab03_solution",
-           verbs=("schedule", "run pipeline")),
+           verbs=("schedule", "run pipeline"),
+           drivers=("minipar.lessons.pipeline", "minipar.lessons.pipeline_async")),
     Lesson("04", "data_parallel", "Data parallelism and ZeRO: DP vs DDP, buckets and overlap, ZeRO-1/2/3",
-           "minipar.lessons.data_parallel:tour", "minipar.figures.zero",
+           "minipar.lessons.data_parallel:tour", ("minipar.figures.zero", "minipar.figures.buffers"),
            "labs/04_zero", "notebooks/04_data_parallel_zero.ipynb",
            ("zero_memory.png", "zero_traffic.png", "ddp_overlap_timeline.png", "dp_vs_ddp.png",
             "buffers_per_rank.png", "zero3_prefetch_timeline.png"),
            packages=("minipar.data_parallel", "minipar.zero"), run="data_parallel",
            grader="minipar.labs.lab04", solution="minipar.labs.lab04_solution",
-           verbs=("run data_parallel", "memory", "bench offload")),
+           verbs=("run data_parallel", "memory", "bench offload"),
+           drivers=("minipar.lessons.data_parallel", "minipar.lessons.zero_infinity", "minipar.lessons.buffers")),
     Lesson("05", "train", "3D parallelism: a small GPT trained on every DP x PP x TP grid with one process's losses",
-           "minipar.lessons.train:tour", "minipar.figures.train",
+           "minipar.lessons.train:tour", ("minipar.figures.train",),
            "labs/05_3d", "notebooks/05_3d_parallelism.ipynb",
            ("train_loss_curves.png", "train_activation_memory.png", "train_3d_step_timeline.png",
             "train_tokens_per_s.png"),
@@ -80,19 +85,20 @@ LESSONS = [
            grader="minipar.labs.lab05", solution="minipar.labs.lab05_solution",
            verbs=("train", "generate", "bench train", "run train")),
     Lesson("06", "sequence_experts", "Long sequences and many experts: ring attention, Ulysses, MoE with all-to-all dispatch",
-           "minipar.lessons.sequence_experts:tour", "minipar.figures.sequence_experts",
+           "minipar.lessons.sequence_experts:tour", ("minipar.figures.sequence_experts",),
            "labs/06_sequence_experts", "notebooks/06_sequence_experts.ipynb",
            ("cp_ring_steps.png", "cp_balance.png", "moe_dispatch.png", "moe_tokens_per_expert.png"),
            packages=("minipar.context_parallel", "minipar.experts"), run="context_parallel",
-           verbs=("run context_parallel", "run experts")),
+           verbs=("run context_parallel", "run experts"),
+           drivers=("minipar.lessons.sequence_experts", "minipar.lessons.context_parallel", "minipar.lessons.experts")),
     Lesson("07", "planning", "Which strategy when: minipar plan, its memory and time model, a link you can feel",
-           "minipar.lessons.planning:tour", "minipar.figures.plan",
+           "minipar.lessons.planning:tour", ("minipar.figures.plan",),
            "labs/07_planning", "notebooks/07_which_strategy.ipynb",
            ("plan_heatmap.png", "plan_memory.png", "plan_here.png"),
            packages=("minipar.plan",), run="planning",
            verbs=("plan", "run planning", "bench machine", "bench links", "bench plan")),
     Lesson("08", "auto_parallel", "Automatic parallelization: placements, redistribute, FlexFlow's simulator and MCMC search",
-           "minipar.lessons.auto_parallel:tour", "minipar.figures.auto_parallel",
+           "minipar.lessons.auto_parallel:tour", ("minipar.figures.auto_parallel",),
            "labs/08_auto_parallel", "notebooks/08_auto_parallel.ipynb",
            ("auto_parallel_strategy.png", "auto_parallel_sim_vs_measured.png"),
            packages=("minipar.autoparallel",), run="auto_parallel",

@@ -19,6 +19,8 @@ data parallelism, where every rank holds all of it:
     stage 3        (2 + 2 + K) Psi / N                + parameters sharded
 
 Activations are not in these numbers: they grow with batch and sequence length, not with N.
+``zero_with_pipeline``: the same stages beside a pipeline of m micro-batches, with the DP traffic
+each one costs per step.
 
 ``Ledger`` measures the same three quantities on real ranks (and what is offloaded: ``host``
 bytes in CPU memory, ``file`` bytes in memory-mapped files on disk): the bytes of the arrays a rank
@@ -66,6 +68,29 @@ def zero_bytes(psi, n, stage, bytes_param=2, bytes_grad=2, k=12, offload=False,
 
         out["file_bytes" if where(offload) == "file" else "host_bytes"] = opt
     return out
+
+
+def zero_with_pipeline(psi, dp, pp, tp, m, bytes_param=2, bytes_grad=2, k=12):
+    """Bytes per rank of model state and of DP traffic per step, for ZeRO stages 0-3 combined with
+    a pipeline of m micro-batches: why ZeRO-2 and 3 are rarely combined with a pipeline, in numbers.
+
+    A rank holds psi / (pp tp) parameters. Its gradients are complete only after the last
+    micro-batch's backward (the flush), and they are averaged over dp ranks:
+
+        stage 0, 1  one all-reduce (ZeRO-1: reduce-scatter + all-gather): 2 (dp-1)/dp of the gradients
+        stage 2     keeping only a shard of the gradients means reduce-scattering each micro-batch's
+                    contribution as it is produced: m reduce-scatters + the parameters' all-gather,
+                    (m + 1) (dp-1)/dp, in m small pieces on the pipeline's critical path (holding
+                    the full gradient until the flush instead saves nothing)
+        stage 3     the weights are gathered for every micro-batch's forward and again for its
+                    backward, and its gradient reduce-scattered: 3 m (dp-1)/dp
+    """
+    share = psi / (pp * tp)
+    unit = (dp - 1) / dp * share * bytes_grad
+    traffic = {0: 2 * unit, 1: 2 * unit, 2: (m + 1) * unit, 3: 3 * m * unit}
+    return [dict(stage=s, memory=zero_bytes(share, dp, s, bytes_param, bytes_grad, k)["total_bytes"],
+                 dp_traffic=traffic[s], collectives_per_step={0: 1, 1: 2, 2: m + 1, 3: 3 * m}[s])
+            for s in range(4)]
 
 
 # ------------------------------------------------------------------------------- measuring

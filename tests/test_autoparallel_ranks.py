@@ -35,7 +35,8 @@ def planted(comm):
     """Each planted bug or shortcut, with the checks it must fail (rows per case)."""
     from minipar.autoparallel import execute, graph, simulate, transitions as rd
     from minipar.autoparallel.sharding import Replicate, Shard
-    from minipar.lessons.auto_parallel import Checks, check_executor, check_redistribute
+    from minipar.lessons.auto_parallel import check_executor, check_redistribute
+    from minipar.lessons.common import Checks
 
     p, out = comm.size, {}
 

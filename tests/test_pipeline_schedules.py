@@ -229,7 +229,7 @@ def test_simulate_reports_deadlock_without_validation():
 
 
 def test_import_stays_light():
-    code = ("import sys, minipar.pipeline, minipar.pipeline.plot, minipar.cli.pipeline; "
+    code = ("import sys, minipar.pipeline, minipar.figures.pipeline, minipar.cli.pipeline; "
             "bad = {'torch', 'matplotlib'} & set(sys.modules); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -269,7 +269,7 @@ def test_cli_costs_with_w_and_errors(tmp_path, capsys):
 
 
 def test_plots_write_files(tmp_path):
-    from minipar.pipeline import plot
+    from minipar.figures import pipeline as plot
     assert run_cli("interleaved", "-p", "2", "-m", "4", "--plot", str(tmp_path / "t.png")) == 0
     paths = [plot.plot_schedules(tmp_path / "a.png", p=2, m=4, v=2),
              plot.plot_bubble_vs_microbatches(tmp_path / "b.png", p=2, ms=(1, 2, 4),

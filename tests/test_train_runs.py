@@ -1,10 +1,10 @@
-"""Lesson 05's notebook and figure runs (``minipar.lessons.train_runs``): the ZeRO-with-a-pipeline
-table the notebook prints. (The runs themselves are checked where they run: every row of the
-notebook, and of ``minipar figures --only 05``, must be ok.)"""
+"""Lesson 05's notebook and figure runs (``minipar.figures.train:figure_runs``): the
+ZeRO-with-a-pipeline table the notebook prints (``minipar.memory.zero_with_pipeline``). (The runs
+themselves are checked where they run: every row of the notebook, and of ``minipar figures --only
+05``, must be ok.)"""
 import pytest
 
-from minipar.lessons.train_runs import zero_with_pipeline
-from minipar.memory import zero_bytes
+from minipar.memory import zero_bytes, zero_with_pipeline
 
 
 @pytest.mark.parametrize("psi, dp, pp, tp, m", [(175e9, 8, 16, 8, 192), (408_192, 2, 2, 2, 4), (1e6, 3, 1, 1, 1)])

@@ -10,7 +10,9 @@
     simulate      the same program as a task graph on the ranks' clocks: predicted step time
     calibrate     this machine's operator times and alpha-beta fit, measured once and cached
     search        Markov-chain Monte Carlo over strategies (Metropolis on the simulated time)
-    bench         search on the ranks, then predicted vs measured step times, the report (``minipar search``)
+
+The search on the ranks, then predicted vs measured step times and the report (``minipar
+search``), is the benchmark ``minipar.bench.autoparallel``.
 
     python -m minipar search --model block --ranks 4 --budget 20
 

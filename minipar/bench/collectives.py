@@ -7,7 +7,7 @@ For each size (8 B ... 64 MiB of float32) and each algorithm (and ``builtin`` =
 MPI_Allreduce / dist.all_reduce) it measures the time of one all-reduce (mean over a batch of
 repetitions, slowest rank), the algbw and busbw (nccl-tests definitions), and the alpha-beta
 prediction from a ping-pong fit. Ratios ours/builtin are taken in the same run, so machine
-noise hits both sides alike.
+noise hits both sides alike. ``minipar.figures.collectives.plot_busbw`` draws a run's result.
 """
 from __future__ import annotations
 
@@ -98,35 +98,3 @@ def ratios(records, algorithm="ring", min_bytes=16 << 20):
     by = {(r["algorithm"], r["bytes"]): r for r in records}
     return {b: by[(algorithm, b)]["busbw_gbs"] / by[("builtin", b)]["busbw_gbs"]
             for (a, b) in by if a == algorithm and b >= min_bytes and ("builtin", b) in by}
-
-
-def plot(result, path):
-    """busbw vs size: one line per algorithm, builtin dashed, the ring model dotted."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    recs, p = result["records"], result["ranks"]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for alg in sorted({r["algorithm"] for r in recs}, key=ALGS.index):
-        rs = [r for r in recs if r["algorithm"] == alg]
-        ax.plot([r["bytes"] for r in rs], [r["busbw_gbs"] for r in rs], marker="o", ms=3,
-                ls="--" if alg == "builtin" else "-", lw=2 if alg in ("builtin", "ring") else 1.2,
-                label=f"{alg} (MPI's own)" if alg == "builtin" else alg)
-    sizes = sorted({r["bytes"] for r in recs})
-    model = [M.busbw("all_reduce", b, M.allreduce_time("ring", b, p, result["alpha"], result["beta"], result["gamma"]), p) / 1e9
-             for b in sizes]
-    ax.plot(sizes, model, ls=":", color="k", label="ring, alpha-beta-gamma model")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size per rank (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"All-reduce bus bandwidth on {p} ranks: from-scratch algorithms vs the builtin\n"
-                 f"(fit: alpha = {result['alpha'] * 1e6:.1f} us, 1/beta = {1 / result['beta'] / 1e9 if result['beta'] else float('inf'):.2f} GB/s)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path)

@@ -6,7 +6,7 @@ classic ones) and ``minipar run auto_parallel`` (the lesson's checks).
     minipar run -n 4 auto_parallel [--backend torch] [--dtype float32]
 
 Everything that can be wrong with the request is refused, in one line, before any rank starts.
-The search on the ranks and its report are ``minipar.autoparallel.bench``, the checks
+The search on the ranks and its report are ``minipar.bench.autoparallel``, the checks
 ``minipar.lessons.auto_parallel``.
 """
 from __future__ import annotations
@@ -101,12 +101,12 @@ def cmd_search(args) -> int:
     except UsageError as err:
         print(f"minipar search: error: {err}", file=sys.stderr)
         return 2
-    from ..autoparallel.bench import format_report
+    from ..bench.autoparallel import format_report
     from ..launcher import launch
 
     where = f"{args.ranks} ranks, mesh {'x'.join(map(str, mesh))}, {args.backend}, {args.dtype}, {args.clock} clock"
     print(f"minipar search: model {args.model} on {where}", flush=True)
-    out = launch(args.ranks, "minipar.autoparallel.bench:compare", backend=args.backend, quiet=False,
+    out = launch(args.ranks, "minipar.bench.autoparallel:compare", backend=args.backend, quiet=False,
                  model=args.model, mesh=mesh, budget=args.budget, reps=args.reps, dtype=args.dtype, seed=args.seed,
                  recalibrate=args.recalibrate, sizes=sizes, verbose=True, clock=args.clock)
     report = out.results[0]

@@ -68,6 +68,8 @@ def cmd_bench(args) -> int:
         if args.json:
             write_json(args.json, result["records"])
         if args.plot:
+            from ..figures.collectives import plot_busbw
+
             os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
-            print(f"wrote {B.plot(result, args.plot)}")
+            print(f"wrote {plot_busbw(result, args.plot)}")
     return 0

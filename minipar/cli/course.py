@@ -113,9 +113,8 @@ def cmd_tour(args) -> int:
             print(err.output[-3000:])
         ran = time.perf_counter() - t0
         print(f"      checked {len(rows)} results in {ran:.1f} s; drawing figures ...", flush=True)
-        if ls.figures_module:
-            mod = importlib.import_module(ls.figures_module)
-            figures += mod.make(args.out, quick=True, backend=args.backend, device=device)
+        for module in ls.figures_modules:
+            figures += importlib.import_module(module).make(args.out, quick=True, backend=args.backend, device=device)
         took = time.perf_counter() - t0
         for j, r in enumerate(rows):
             table.append((ls.key + " " + ls.name if j == 0 else "", r, took if j == 0 else None))
@@ -141,10 +140,11 @@ def cmd_tour(args) -> int:
 
 def cmd_figures(args) -> int:
     lessons = [lesson(args.only)] if args.only else LESSONS
-    for ls in (ls for ls in lessons if ls.figures_module):
+    for ls in (ls for ls in lessons if ls.figures_modules):
         t0 = time.perf_counter()
         print(f"{ls.key} {ls.name}: drawing figures ...", flush=True)
-        for path in importlib.import_module(ls.figures_module).make(args.out, quick=args.quick):
-            print(f"  wrote {path}", flush=True)
+        for module in ls.figures_modules:
+            for path in importlib.import_module(module).make(args.out, quick=args.quick):
+                print(f"  wrote {path}", flush=True)
         print(f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
     return 0

@@ -5,13 +5,13 @@
     minipar bench offload -n 2 --offload-dir /mnt/nvme
 
 The checks are ``minipar.lessons.data_parallel`` (with ``zero_infinity``), the formulas
-``minipar.memory``, the offload benchmark ``minipar.lessons.zero_infinity.bench_offload``.
+``minipar.memory``, the offload benchmark ``minipar.bench.offload.bench_offload``.
 """
 from __future__ import annotations
 
 import argparse
 
-from ..lessons.zero_infinity import bench_offload
+from ..bench.offload import bench_offload
 from ..memory import BYTES, CATEGORIES, GB, calculate
 from .common import lesson_run_parser, run_and_report, with_example, write_json
 

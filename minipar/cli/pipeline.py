@@ -107,7 +107,7 @@ def cmd_schedule(args) -> int:
                                "makespan": float(sim.makespan), "peak_inflight": sim.peak_inflight,
                                "costs": {k: float(getattr(costs, k)) for k in ("F", "B", "I", "W", "p2p")}})
     if args.plot:
-        from ..pipeline.plot import save_timeline
+        from ..figures.pipeline import save_timeline
         print(f"wrote {save_timeline(args.plot, sim)}")
     return 0
 

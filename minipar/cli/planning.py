@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 
 from ..bench import plan as bench_plan
+from ..bench.links import bench_links
 from ..bench.machine import cmd_machine
 from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
-from ..lessons.planning import bench_links
 from ..plan.config import Problem
 from ..plan.hardware import LINKS, PRESET_NAMES, preset
 from ..plan.models import MODELS, ModelSpec, model, with_overrides

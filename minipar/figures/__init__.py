@@ -1,4 +1,18 @@
-"""Figure generators: each module has make(outdir) -> [paths]; `minipar figures` runs them all."""
+"""Figure generators: each module has make(outdir) -> [paths]; `minipar figures` runs them all.
+
+Every figure draws through :func:`pyplot` (matplotlib, imported only when a figure is drawn, on
+the Agg backend: files, no window), and reports the runs it waits for with :func:`progress`.
+"""
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing into files (the Agg backend): the one set-up of every figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def progress(what: str) -> None:

@@ -10,13 +10,15 @@ auto_parallel_strategy.png        the operator graph of each model, every operat
 auto_parallel_sim_vs_measured.png predicted vs measured step time of every strategy (hand-written
                                   and found), on 2 and 4 ranks, with the +-20% band
 
-Runs come from ``minipar.autoparallel.bench.compare`` (the same as ``minipar search``); the
+Runs come from ``minipar.bench.autoparallel.compare`` (the same as ``minipar search``); the
 full set is written beside the figures as ``auto_parallel_runs.json``.
 """
 from __future__ import annotations
 
 import json
 import os
+
+from . import pyplot
 
 RUNS = [("block", 2), ("block", 4), ("vocab", 2), ("vocab", 4)]
 QUICK = dict(sizes={"B": 4, "T": 16, "C": 32, "H": 64}, budget=1.0, reps=1)
@@ -32,7 +34,7 @@ def collect(quick=False, backend="mpi", device=None, budget=10.0):
     for model, n in runs:
         kw = dict(QUICK, sizes={**QUICK["sizes"], **({"n_heads": 2} if model == "block" else {"V": 256})}) if quick \
             else dict(budget=budget, reps=5)
-        out.append(launch(n, "minipar.autoparallel.bench:compare", backend=backend, device=device, quiet=True,
+        out.append(launch(n, "minipar.bench.autoparallel:compare", backend=backend, device=device, quiet=True,
                           model=model, cache=not quick, **kw).results[0])
     return out
 
@@ -52,10 +54,7 @@ def _depths(graph):
 
 
 def plot_strategy(reports, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     from ..autoparallel import build, build_program, redistribution_steps
@@ -114,10 +113,7 @@ def plot_strategy(reports, path):
 
 
 def plot_sim_vs_measured(reports, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(7.2, 6.2))

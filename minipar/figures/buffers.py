@@ -15,18 +15,18 @@ import json
 import os
 import sys
 
+from ..bench.buffers import reuse_cost
 from ..launcher import launch
-from . import progress
-from .zero import _plt
+from ..lessons.buffers import per_rank, prefetch_timeline
+from . import progress, pyplot
 
 N = 4
-LESSON = "minipar.lessons.buffers"
 
 
 def plot_per_rank(per_rank, reuse, path):
     """Left: per kind, one bar per rank (counted), a black tick per rank (formula). Right: the
     ring's time with the receive buffer reallocated every step over reused, vs message bytes."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
     kinds = list(per_rank[0]["bytes"])
     w = 0.8 / len(per_rank)
@@ -62,7 +62,7 @@ def plot_per_rank(per_rank, reuse, path):
 def plot_prefetch(res, path):
     """Two panels (without / with prefetch), per rank three lanes: compute (forward, backward),
     the ring all-gathers, and the lifetimes of the gathered buffers (two rows: units alternate)."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
     colors = {"forward": "#4C72B0", "backward": "#55A868"}
     for ax, pf in zip(axes, (False, True)):
@@ -106,11 +106,21 @@ def plot_prefetch(res, path):
     return str(path)
 
 
+def figure_runs(comm, quick=False):
+    """Rank side: everything the buffer figures draw, in one launch: ``per_rank`` (gathered to
+    rank 0), ``reuse_cost`` (the benchmark) and ``prefetch_timeline`` (smaller with ``quick``)."""
+    per = comm.builtin.allgather_object({k: v for k, v in per_rank(comm).items() if k != "rows"})
+    sizes = (1 << 10, 1 << 14, 1 << 18) if quick else (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
+    reuse = reuse_cost(comm, sizes=sizes, pairs=2 if quick else 7, calls=4 if quick else None)
+    pf = prefetch_timeline(comm, **(dict(units=4, width=32, batch=32, steps=1) if quick else {}))
+    return {"per_rank": per, "reuse": reuse, "prefetch": pf}
+
+
 def measure(quick=False):
     """Every number behind the figures (the timeline's events kept for the plot), one launch."""
     progress(f"named buffers counted, the ring's receive buffer reused vs reallocated, ZeRO-3 with and "
              f"without prefetch traced, on {N} ranks")
-    m = launch(N, f"{LESSON}:figure_runs", quiet=True, quick=quick).results[0]
+    m = launch(N, "minipar.figures.buffers:figure_runs", quiet=True, quick=quick).results[0]
     pf = m["prefetch"]
     pf["units_odd"] = [u for k, u in enumerate(pf["unit_names"]) if k % 2]
     return m

@@ -21,6 +21,8 @@ import os
 
 import numpy as np
 
+from . import pyplot
+
 HERE_RUN = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "planner_here.json")
 
 FULL = dict(model="gpt3-175b", gpus=1024, batch=1536)
@@ -49,10 +51,7 @@ def cells(model="gpt3-175b", gpus=1024, batch=1536, hardware="a100-80gb", prob=N
 
 
 def heatmap(out, res, path, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tps = sorted({t for t, _ in out})
     pps = sorted({p for _, p in out})
@@ -85,10 +84,7 @@ def heatmap(out, res, path, title):
 
 
 def memory_bars(out, res, path, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     mem, prob = res.ev["mem"], res.prob
     by_pp = {}
@@ -112,10 +108,7 @@ def memory_bars(out, res, path, title):
 
 def measured_vs_predicted(labels, measured, predicted, path, title, unit="s"):
     """Bars of measured and predicted values side by side, one pair per label."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     x = np.arange(len(labels))
     fig, ax = plt.subplots(figsize=(min(12, max(5, 1.1 * len(labels) + 2)), 4))
@@ -140,7 +133,7 @@ def here(path, run=HERE_RUN):
 
 def _save(fig, ax, path, title):
     """Legend and title, then the figure written to ``path`` and closed."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)

@@ -1,4 +1,4 @@
-"""Figures of lesson 6 from one real run on 4 ranks (``minipar.lessons.sequence_experts:figure_runs``).
+"""Figures of lesson 6 from one real run on 4 ranks (:func:`figure_runs`).
 
     minipar figures --only 06        # or: python -m minipar.figures.sequence_experts figures/
 
@@ -19,7 +19,9 @@ import sys
 
 import numpy as np
 
-from .zero import _plt
+from ..lessons import context_parallel, experts
+from . import pyplot
+
 
 N = 4
 
@@ -28,7 +30,7 @@ def _save(fig, path):
     """Lay out, write and close ``fig``; returns ``path``."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -36,7 +38,7 @@ def plot_ring_steps(schedule, path, p=N):
     """schedule[r] = [(step, kv owner)] of rank r: a rank x step grid, each cell the owner."""
     from ..context_parallel import SeqLayout
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     cmap = plt.get_cmap("tab10")
     lay = SeqLayout(4 * p, p, "zigzag")
@@ -56,7 +58,7 @@ def plot_ring_steps(schedule, path, p=N):
 
 def plot_balance(balance, path):
     """balance[r][kind] = {"regions", "busy", "wall"}: timelines of both splits, busy-time bars."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2, 2, 1.2]})
     kinds = ("contiguous", "zigzag")
     for ax, kind in zip(axes, kinds):
@@ -84,7 +86,7 @@ def plot_balance(balance, path):
 
 def plot_dispatch(dispatch, path):
     """dispatch[r] = {"kept", "routed", "capacity"}: the rank x expert matrix of one dispatch."""
-    plt = _plt()
+    plt = pyplot()
     kept = np.array([d["kept"] for d in dispatch])
     routed = np.array([d["routed"] for d in dispatch])
     p, E = kept.shape
@@ -109,7 +111,7 @@ def plot_dispatch(dispatch, path):
 
 def plot_tokens_per_expert(training, path):
     """training[aux_weight] = train(...) output: routed tokens per expert per step."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(training), figsize=(11, 3.8), sharey=True)
     for ax, (w, run) in zip(axes, sorted(training.items())):
         routed = np.array([s["routed"] for s in run["steps"]])  # (steps, E)
@@ -144,11 +146,23 @@ def numbers(res):
     return out
 
 
+def figure_runs(comm, quick=False):
+    """Rank side: everything the lesson's figures draw, from one launch: the ring's steps, zigzag vs
+    contiguous busy time, one dispatch, and tokens per expert over EP training without and with
+    the load-balancing loss."""
+    steps, tokens, T, hs = (4, 16, 32, 32) if quick else (40, 32, 256, 64)
+    return {"ring": context_parallel.ring_schedule(comm),
+            "balance": context_parallel.balance(comm, T=T * comm.size, hs=hs),
+            "dispatch": experts.dispatch_matrix(comm),
+            "training": {w: experts.train(comm, steps=steps, n_tokens=tokens, aux_weight=w, lr=0.2)
+                         for w in (0.0, 0.3)}}
+
+
 def make(outdir, quick=False, backend="mpi", device=None):
     from ..launcher import launch
 
     os.makedirs(outdir, exist_ok=True)
-    res = launch(N, "minipar.lessons.sequence_experts:figure_runs", backend=backend, device=device,
+    res = launch(N, "minipar.figures.sequence_experts:figure_runs", backend=backend, device=device,
                  quiet=True, quick=quick).results
     j = lambda name: os.path.join(outdir, name)  # noqa: E731
     with open(j("sequence_experts_numbers.json"), "w") as f:

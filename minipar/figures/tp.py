@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from . import pyplot
+
 QUICK_SIZES = (16, 256, 1024)
 
 
@@ -21,10 +23,7 @@ def _modes(records):
 
 
 def _panels(records, ylabel, title, value, ideal=False, path="tp.png"):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     modes = _modes(records)
     fig, axes = plt.subplots(1, len(modes), figsize=(6.2 * len(modes), 4.6), squeeze=False)

@@ -1,18 +1,29 @@
-"""Figures of lesson 5 from one real run on 8 ranks (``minipar.lessons.train_runs:lesson``).
+"""Figures of lesson 5 from one real run on 8 ranks (:func:`figure_runs`), each of its runs checked.
 
     minipar figures --only 05        # or: python -m minipar.figures.train figures/
+    out = launch(8, "minipar.figures.train:figure_runs", checkpoint="/tmp/ckpt")   # the run alone
+    rows = merge_rows([r["rows"] for r in out.results]); data = out.results[0]
 
-    train_loss_curves.png         every 8-rank grid's loss per step over the one-process curve, and
-                                  each one's relative difference from it (float64: ~1e-16)
+One job trains every grid of the world (``GRIDS8``: every dp x pp x tp factorization of 8, with
+a mix of schedules, sequence parallelism on two) on the sorting task, one after the other on
+the same ranks; the checks reuse ``minipar.lessons.train`` (``grid_rows``: losses, parameters,
+replicas, tied copies) and ``minipar.train.accounting`` (the formulas). From those runs:
+
+    train_loss_curves.png         every grid's loss per step over the one-process curve, and
+                                  each one's relative difference from it (float64: ~1e-16;
+                                  checked: equal to 1e-12)
     train_activation_memory.png   each grid's activation peak per recompute mode: counted from the
                                   arrays the ranks hold, with the formula of docs/train.md on top
+                                  (checked: to the byte)
     train_3d_step_timeline.png    one traced step of dp2 pp2 tp2: compute, TP, PP, DP and tied-sum
-                                  lanes per rank
+                                  lanes per rank (its bytes per group checked against the formula)
     train_tokens_per_s.png        tokens/s per grid from ``minipar bench train`` (its JSON,
                                   train_bench.json beside the figures)
 
-``--quick`` (the tour): the dp2 pp2 tp2 grid alone, three steps on random tokens, no generation. The run's checks
-must all pass (a failing one is printed and stops the figures).
+With a checkpoint directory the run also decodes greedily from the 3D grid's checkpoint at TP = 1
+and 2 (identical tokens). ``--quick`` (the tour): the dp2 pp2 tp2 grid alone, three steps on
+random tokens, no generation. The run's checks must all pass (a failing one is printed and stops
+the figures).
 """
 from __future__ import annotations
 
@@ -22,7 +33,8 @@ import sys
 
 import numpy as np
 
-from .zero import _plt
+from ..lessons.train import first_ranks, grid_rows, label, make_config, row, wait_politely
+from . import pyplot
 
 N = 8
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,7 +47,7 @@ ACTION_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D96A"}
 def _save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return str(path)
 
 
@@ -47,7 +59,7 @@ def short(label):
 
 def plot_curves(data, path):
     """Loss per step of every grid over the one-process curve; below, |grid - one process| / one process."""
-    plt = _plt()
+    plt = pyplot()
     ref = np.array(data["reference"])
     steps = np.arange(1, len(ref) + 1)
     fig, (ax, dx) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
@@ -75,7 +87,7 @@ def plot_curves(data, path):
 
 def plot_memory(data, path):
     """Per grid, the busiest rank's activation peak per recompute mode: measured bars, formula ticks."""
-    plt = _plt()
+    plt = pyplot()
     mem = data["memory"]
     names = list(mem)
     modes = [m for m in MODE_COLORS if any(m in mem[n] for n in names)]
@@ -115,7 +127,7 @@ def plot_timeline(data, path):
 
     from ..trace import comm_lanes
 
-    plt = _plt()
+    plt = pyplot()
     ev = data["trace"]
     lane_of = comm_lanes(ev)
     ranks = sorted({e.rank for e in ev})
@@ -156,7 +168,7 @@ def plot_timeline(data, path):
 
 def plot_tokens_per_s(bench, path):
     """Tokens/s of every grid in one ``minipar bench train`` run, against its one-process baseline."""
-    plt = _plt()
+    plt = pyplot()
     rows = bench["rows"]
     base = rows[0]["tokens_per_s"]
     fig, ax = plt.subplots(figsize=(11, 4.6))
@@ -179,6 +191,130 @@ def plot_tokens_per_s(bench, path):
     return _save(fig, path)
 
 
+# --------------------------------------------------------------------------- the run (rank side)
+
+
+MODEL = dict(vocab=96, d_model=16, n_heads=8, n_layers=8, seq_len=16)  # 8 | heads, vocab, layers; T % 8 == 0
+GRIDS8 = [  # (dp, pp, tp, schedule, sequence parallel)
+    (8, 1, 1, "1f1b", False), (4, 2, 1, "gpipe", False), (4, 1, 2, "1f1b", True), (2, 4, 1, "interleaved", False),
+    (2, 2, 2, "1f1b", False), (2, 1, 4, "1f1b", False), (1, 8, 1, "1f1b", False), (1, 4, 2, "zb-h1", True),
+    (1, 2, 4, "1f1b", False), (1, 1, 8, "1f1b", False)]
+TRACED = (2, 2, 2)
+MODES = ("none", "selective", "full")
+PROMPTS = ["3142>", "9075>", "8261>"]
+
+
+def grid_config(dp, pp, tp, schedule="1f1b", sp=False, steps=5, batch=16, model=None, data="sorting", lr=1e-2):
+    """The lesson's configuration of a grid: the sorting task, m = pp micro-batches."""
+    return make_config(model=model or MODEL, dp=dp, pp=pp, tp=tp, schedule=schedule, microbatches=pp,
+                       sequence_parallel=sp, steps=steps, batch=batch, data=data, lr=lr)
+
+
+def group_ranks(grid) -> dict:
+    """{axis: the world ranks of my group along it} of a built ``Grid`` (its real sub-communicators)."""
+    comms = {"tp": grid.tp, "pp": grid.pp, "dp": grid.dp, "emb": grid.emb}
+    return {axis: [c.world_rank(i) for i in range(c.size)] if c is not None else None for axis, c in comms.items()}
+
+
+def activation_rows(sub, cfg, tr):
+    """(every rank's (coords, measured peak, formula), the check row) for a trained configuration."""
+    from ..train.accounting import activation_peak
+
+    mine = (tr.grid.coords, int(tr.peak_activations), activation_peak(cfg, tr.grid.coords))
+    everyone = sub.builtin.allgather_object(mine)
+    err = max(abs(m - f) for _, m, f in everyone)
+    return everyone, row(f"{label(cfg)}: activation bytes at the peak = formula, every rank", err, 0)
+
+
+def traffic_rows(sub, cfg, tr, events):
+    """Bytes each rank sent per group in the traced step, against ``accounting.comm_bytes``."""
+    from ..train import accounting as acc
+
+    units = [f.n_pad for e in tr.engines for f, _, _ in e.optimizer_parts()]
+    want = acc.comm_bytes(cfg, tr.grid.coords, units)
+    got = acc.measured_comm(events, sub.world_rank(sub.rank))
+    return [row(f"{label(cfg)}: {fam} bytes of the traced step = formula", abs(got[fam] - want[fam]), 0)
+            for fam in ("tp", "pp", "dp", "emb")]
+
+
+def generation(comm, directory, prompts, n_new, tps):
+    """Greedy tokens from ``directory``'s checkpoint at each TP size (a KV cache); a check row
+    that they are identical, and on rank 0 {tp: (texts, seconds per token)}."""
+    from ..train.data import decode, encode
+    from ..train.generate import generate, load_model
+
+    ids = np.stack([encode(p) for p in prompts])
+    outs = {}
+    for tp in tps:
+        sub = first_ranks(comm, tp, f"gen{tp}")
+        if sub is not None:
+            model, _ = load_model(sub, directory)
+            out, per_token = generate(sub, model, ids, n_new)
+            outs[tp] = ([decode(o) for o in out], per_token)
+        wait_politely(comm)
+    if comm.rank != 0:
+        return [], None
+    same = all(outs[tp][0] == outs[tps[0]][0] for tp in tps)
+    return [row(f"greedy tokens identical at TP = {', '.join(map(str, tps))} (KV cache)", 0.0 if same else 1.0, 0.0)], outs
+
+
+def figure_runs(comm, steps=5, grids=GRIDS8, modes=MODES, mode_grids=None, traced=TRACED, checkpoint=None,
+                prompts=PROMPTS, n_new=5, tps=(1, 2), data="sorting"):
+    """Rank side: train every grid of ``grids`` (on the first dp*pp*tp ranks) ``steps`` steps against one
+    process; the ``traced`` grid traces its last step and, given ``checkpoint`` (a directory),
+    saves there and is decoded from at each TP of ``tps``; every grid of ``mode_grids`` (default:
+    all) also runs one step in each recompute mode of ``modes`` besides "none". ``data``: the
+    sorting task, or "random" tokens (quick: no corpus to build). Returns
+    {"rows": this rank's check rows} and on world rank 0 also "reference", "curves",
+    "memory" {label: {mode: [(coords, measured, formula)]}}, "trace" (events), "traced",
+    "groups" [(world rank, coords, {axis: world ranks})] of the traced grid, "generation"
+    {tp: (texts, seconds per token)}."""
+    from ..train.trainer import Trainer, train, train_reference
+    from ..trace import merge
+
+    rows, curves, memory, events, traced_label, groups = [], {}, {}, [], None, []
+    ref = None
+    for i, (dp, pp, tp, schedule, sp) in enumerate(grids):
+        cfg = grid_config(dp, pp, tp, schedule, sp, steps, data=data)
+        ref = ref or train_reference(cfg)
+        sub = first_ranks(comm, dp * pp * tp, f"grid{i}")
+        if sub is not None:
+            is_traced = (dp, pp, tp) == tuple(traced)
+            tr, losses, _ = train(sub, cfg, trace_step=steps - 1 if is_traced else None,
+                                  save=checkpoint if is_traced else None)
+            rows += grid_rows(sub, cfg, tr, losses, *ref)
+            mem, r = activation_rows(sub, cfg, tr)
+            rows.append(r)
+            memory[label(cfg)] = {"none": mem}
+            curves[label(cfg)] = losses
+            if is_traced:
+                groups = sub.builtin.allgather_object((comm.rank, tr.grid.coords, group_ranks(tr.grid)))
+                events = merge(sub)
+                rows += traffic_rows(sub, cfg, tr, sub.tracer.events)
+                sub.tracer.clear()
+                traced_label = label(cfg)
+            if mode_grids is None or (dp, pp, tp) in mode_grids:
+                for mode in (m for m in modes if m != "none"):
+                    one = cfg.with_(recompute=mode, steps=1, data="random")  # memory does not depend on the data
+                    t = Trainer(sub, one)
+                    t.step(0)
+                    mem, r = activation_rows(sub, one, t)
+                    rows.append(r)
+                    memory[label(cfg)][mode] = mem
+        wait_politely(comm)
+    out = {"rows": rows}
+    if checkpoint is not None:
+        gen_rows, gen = generation(comm, checkpoint, prompts, n_new, tps)
+        out["rows"] += gen_rows
+    if comm.rank == 0:
+        out.update(data=data, reference=ref[0], curves=curves, memory=memory, trace=events, traced=traced_label, groups=groups,
+                   generation=gen if checkpoint is not None else None, steps=steps)
+    return out
+
+
+# --------------------------------------------------------------------------- from the run to the figures
+
+
 def summarize(results):
     """The run's check rows (one per check, over every rank) and rank 0's data."""
     from ..lessons.common import merge_rows
@@ -192,14 +328,13 @@ def make(outdir, quick=False, backend="mpi", device=None, bench=None):
 
     from ..launcher import launch
     from ..lessons.common import format_rows
-    from ..lessons.train_runs import GRIDS8
     from . import progress
 
     os.makedirs(outdir, exist_ok=True)
     kw = dict(steps=3, grids=[g for g in GRIDS8 if g[:3] == (2, 2, 2)], data="random") if quick \
         else dict(steps=8, checkpoint=tempfile.mkdtemp(prefix="minipar-ckpt-"))
     progress(f"{'dp2 pp2 tp2, 3 steps' if quick else 'every 8-rank grid'} against one process on {N} ranks")
-    rows, data = summarize(launch(N, "minipar.lessons.train_runs:lesson", backend=backend, device=device, quiet=True,
+    rows, data = summarize(launch(N, "minipar.figures.train:figure_runs", backend=backend, device=device, quiet=True,
                                   job_timeout=3600.0, **kw).results)
     bad = [r for r in rows if not r["ok"]]
     if bad:

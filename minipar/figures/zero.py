@@ -6,7 +6,8 @@
     zero_traffic.png           bytes sent per rank per step, per engine, vs 2(N-1)/N and 3(N-1)/N Psi
     ddp_overlap_timeline.png   one traced DDP step without and with overlap: compute and all-reduce lanes
     dp_vs_ddp.png              rank 0 against the other ranks: bytes moved and compute time per step
-    buffers_per_rank.png, zero3_prefetch_timeline.png   see minipar.figures.buffers
+
+The lesson's other figures (its buffers, ZeRO-3's prefetch timeline) are ``minipar.figures.buffers``'s.
 
 The measured numbers are also written to ``zero_numbers.json`` beside the figures (the source of
 docs/benchmarks_zero.md). Timings need one BLAS thread per rank: ``minipar.launch`` gives every
@@ -21,24 +22,15 @@ import sys
 import numpy as np
 
 from ..launcher import launch
-from . import progress
+from . import progress, pyplot
 
 N = 4
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_memory(records, path, n=N):
     """Stacked bars per stage: predicted (hatched) next to measured (solid), KB per rank."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for r in records:
         for dx, key, hatch in ((-0.2, "predicted", "//"), (0.2, "measured", None)):
@@ -66,7 +58,7 @@ def plot_memory(records, path, n=N):
 
 def plot_traffic(records, path, n=N):
     """Bytes sent per rank per step, in units of Psi x bytes/param, against the ring formulas."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     names = [r["engine"] for r in records]
     units = [r["sent"] / (r["psi"] * r["bytes_per_param"]) for r in records]
@@ -89,7 +81,7 @@ def plot_traffic(records, path, n=N):
 
 def plot_overlap(res, path, backend):
     """Two panels (without / with overlap), per rank a compute lane and an all-reduce lane."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
     for ax, ov in zip(axes, (False, True)):
         ev = res[ov]["events"]
@@ -123,7 +115,7 @@ def plot_overlap(res, path, backend):
 
 def plot_dp_vs_ddp(res, path):
     """Per rank: MB sent + received per step (left) and compute ms (right), DP next to DDP."""
-    plt = _plt()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     ranks = sorted(res["DP"]["load"])
     x = np.arange(len(ranks))
@@ -193,9 +185,7 @@ def make(outdir, quick=False, backend=None, device=None, overlap_backend=None):
                           for k, v in m["overlap"].items()}
     with open(os.path.join(outdir, "zero_numbers.json"), "w") as f:
         json.dump(numbers, f, indent=1, default=float)
-    from . import buffers  # the buffers of lessons 01, 03 and 04 (double buffering is ZeRO-3's)
-
-    return paths + buffers.make(outdir, quick)
+    return paths
 
 
 if __name__ == "__main__":

@@ -34,10 +34,9 @@ from ..autoparallel import (Executor, Mesh, Partial, R, P, Shard, assemble, buil
 from ..autoparallel.sharding import local_shape
 from ..trace import bytes_sent
 from ..xp import chunk_bounds, to_numpy
+from .common import TOLERANCE, Checks
 from .common import merge_rows as summarize  # noqa: F401  (re-exported for tests)
-from .tensor_parallel import Checks
 
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 MODELS = {"vocab": dict(B=4, T=5, C=6, H=10, V=13), "block": dict(B=4, T=6, C=8, n_heads=4, H=20)}
 
 

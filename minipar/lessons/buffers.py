@@ -1,9 +1,10 @@
 """Buffers on real ranks: each one named, its bytes per rank counted against its formula, and
-what reusing one and double buffering buy, measured.
+what double buffering hides, traced.
 
     from minipar import launch
     out = launch(4, "minipar.lessons.buffers:check")          # every count below, as check rows
-    python -m minipar.lessons.buffers --json buffers.json     # the measurements of docs/buffers.md
+    python -m minipar.lessons.buffers --json buffers.json     # the checks and ZeRO-3's prefetch, traced
+    python -m minipar.bench.buffers                           # what reusing one buffer saves, measured
 
 A buffer holds partial results while ranks communicate. Each is named where it is allocated
 (``minipar.trace.buffer``) and counted per rank (``comm.tracer.buffers``), and the checks
@@ -23,23 +24,20 @@ peak does not change. Counts are exact integers: each row's tolerance is 0.
 """
 from __future__ import annotations
 
-import resource
-import time
 from contextlib import contextmanager
 
 import numpy as np
 
 from .. import collectives as C
 from .. import nn
-from ..collectives import drain, ring_steps
 from ..data_parallel import DDP, local_batch
 from ..pipeline import make_schedule
 from ..pipeline.execute import buffers_in_flight, peer_and_tag
 from ..trace import merge
-from ..xp import chunk_bounds, copy, flat, itemsize
+from ..xp import chunk_bounds, itemsize
 from ..zero import ZeRO1, ZeRO2, ZeRO3
 from .collectives import draw
-from .data_parallel import DIMS, make_data, make_model, row, stepper, traced, uniform_model
+from .fixtures import DIMS, make_data, make_model, row, stepper, traced, uniform_model
 from .pipeline import run_one
 
 
@@ -247,45 +245,7 @@ def per_rank(comm, n=1000, schedule="1f1b"):
     return {"rank": comm.rank, "bytes": out, "rows": rows, "n": n, "schedule": schedule}
 
 
-# --------------------------------------------------------------------------- measured: reuse, prefetch
-
-
-def reuse_cost(comm, sizes=(1 << 10, 1 << 16, 1 << 20, 1 << 23), pairs=7, calls=None):
-    """Ring all-reduce (float64, ``sizes`` elements) with its receive buffer reused (one per
-    ring) vs reallocated every step, run in interleaved pairs: per size the median time ratio
-    (reallocated / reused, slowest rank per run), the allocations and bytes allocated per call,
-    and the page faults per call (a fresh buffer's pages are faulted in when first written)."""
-    out = []
-    for n in sizes:
-        x = draw(comm, n, "float64")
-        k = calls or max(2, min(50, (1 << 22) // n))
-        per = {True: [], False: []}
-        faults = {True: [], False: []}
-        for i in range(pairs):
-            for reuse in ((True, False) if i % 2 else (False, True)):
-                bufs = [flat(copy(x)) for _ in range(k)]
-                comm.builtin.barrier()
-                f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-                for buf in bufs:
-                    drain(ring_steps(comm, buf, reuse=reuse))
-                dt, df = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-                per[reuse].append(max(comm.builtin.allgather_object(dt)) / k)
-                faults[reuse].append(df / k)
-        counts = {}
-        for reuse in (True, False):
-            with counted(comm) as bufs:
-                drain(ring_steps(comm, flat(copy(x)), reuse=reuse))
-                counts[reuse] = bufs.report()["ring.recv"]
-        ratios = [a / b for a, b in zip(per[False], per[True])]
-        out.append({"n": n, "bytes": 8 * n, "reused_s": float(np.median(per[True])),
-                    "reallocated_s": float(np.median(per[False])), "ratio": float(np.median(ratios)),
-                    "ratio_quartiles": [float(q) for q in np.percentile(ratios, (25, 75))],
-                    "allocations": {"reused": counts[True]["allocations"], "reallocated": counts[False]["allocations"]},
-                    "allocated_bytes": {"reused": counts[True]["allocated_bytes"],
-                                        "reallocated": counts[False]["allocated_bytes"]},
-                    "page_faults": {"reused": float(np.median(faults[True])), "reallocated": float(np.median(faults[False]))},
-                    "calls_per_run": k})
-    return out
+# --------------------------------------------------------------------------- ZeRO-3 prefetch, traced
 
 
 def _union(spans):
@@ -347,19 +307,9 @@ def prefetch_rows(res):
                       [res[True]["overlapping"]], [2 * (u - 1)])]
 
 
-def figure_runs(comm, quick=False):
-    """Everything the buffer figures draw, in one launch: :func:`per_rank` (gathered to rank 0),
-    :func:`reuse_cost` and :func:`prefetch_timeline` (smaller with ``quick``)."""
-    per = comm.builtin.allgather_object({k: v for k, v in per_rank(comm).items() if k != "rows"})
-    sizes = (1 << 10, 1 << 14, 1 << 18) if quick else (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23)
-    reuse = reuse_cost(comm, sizes=sizes, pairs=2 if quick else 7, calls=4 if quick else None)
-    pf = prefetch_timeline(comm, **(dict(units=4, width=32, batch=32, steps=1) if quick else {}))
-    return {"per_rank": per, "reuse": reuse, "prefetch": pf}
-
-
 def main(argv=None) -> int:
-    """``python -m minipar.lessons.buffers [--json FILE]``: the checks, the reuse benchmark and the
-    prefetch timeline's numbers, on 4 ranks (MPI)."""
+    """``python -m minipar.lessons.buffers [--json FILE]``: the checks and the prefetch timeline's
+    numbers, on 4 ranks (MPI)."""
     import argparse
     import json
 
@@ -372,14 +322,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = merge_rows(launch(args.n, "minipar.lessons.buffers:check", quiet=True).results)
     print(format_rows(rows))
-    reuse = launch(args.n, "minipar.lessons.buffers:reuse_cost", quiet=True).results[0]
-    print(f"\nring all-reduce on {args.n} ranks: receive buffer reused vs reallocated every step")
-    print(f"{'bytes':>10} {'reused':>10} {'realloc.':>10} {'ratio':>6} {'quartiles':>12} {'allocs':>7} {'faults/call':>17}")
-    for r in reuse:
-        print(f"{r['bytes']:>10} {r['reused_s'] * 1e3:>8.3f}ms {r['reallocated_s'] * 1e3:>8.3f}ms {r['ratio']:>6.2f} "
-              f"{r['ratio_quartiles'][0]:>5.2f}-{r['ratio_quartiles'][1]:<5.2f} "
-              f"{r['allocations']['reused']:>3}/{r['allocations']['reallocated']:<3} "
-              f"{r['page_faults']['reused']:>7.0f}/{r['page_faults']['reallocated']:<7.0f}")
     pf = launch(args.n, "minipar.lessons.buffers:prefetch_timeline", quiet=True).results[0]
     print(f"\nZeRO-3, {pf['units']} layers of {pf['width']}x{pf['width']}, batch {pf['batch']}, {args.n} ranks:")
     for k in (False, True):
@@ -388,7 +330,7 @@ def main(argv=None) -> int:
     print(format_rows(prefetch_rows(pf)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "reuse": reuse,
+            json.dump({"rows": rows,
                        "prefetch": {str(k): {kk: vv for kk, vv in v.items() if kk != "events"} if isinstance(v, dict)
                                     else v for k, v in pf.items()}}, f, indent=1)
         print(f"wrote {args.json}")

@@ -35,8 +35,7 @@ from ..context_parallel import ring, ulysses
 from ..nn import functional as F
 from ..trace import bytes_sent
 from ..xp import nbytes, to_numpy
-from .common import rel_error
-from .tensor_parallel import Checks, expect_error, randomize, traced
+from .common import Checks, expect_error, randomize, rel_error, traced
 
 METHODS = {"ring": (ring_attention_forward, ring_attention_backward, ring.traffic),
            "ulysses": (ulysses_attention_forward, ulysses_attention_backward, ulysses.traffic)}

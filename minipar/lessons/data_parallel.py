@@ -28,11 +28,8 @@ The paper's factor x (N-1)/N x Psi is shown beside it.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from .. import nn
 from ..data_parallel import DDP, DP, local_batch, train_dense
 from ..memory import zero_bytes
 from ..trace import SEND_KINDS, bytes_sent, merge
@@ -40,48 +37,10 @@ from ..xp import to_numpy
 from ..zero import ZeRO
 from .common import format_rows  # noqa: F401  (format_rows: re-exported)
 from .common import merge_rows as summarize  # noqa: F401  (re-exported for notebooks and tests)
+from .fixtures import make_data, make_model, max_error, row, stepper, traced, train, uniform_model
 
-DIMS = (5, 7, 6, 3)  # units of 42, 48 and 21 weights
 TOL = 1e-12
 MIXED_TOL = 2e-3  # float16 weights vs float64 (see the module docstring)
-
-
-def make_model(seed=0, dims=DIMS):
-    """Linear, GeLU, Linear, ... with biases drawn too (nn starts them at zero)."""
-    rng = np.random.default_rng(seed)
-    layers = []
-    for i, (a, b) in enumerate(zip(dims, dims[1:])):
-        layers += [nn.Linear(a, b, rng)] + ([nn.GeLU()] if i < len(dims) - 2 else [])
-    model = nn.Sequential(*layers)
-    for _, p in model.named_parameters():
-        p[...] = rng.standard_normal(p.shape) / np.sqrt(dims[0])
-    return model
-
-
-def make_data(comm, seed=1, batch=12, d_in=DIMS[0], d_out=DIMS[-1]):
-    """The whole batch (x, y), the same draw on every rank, as the comm's arrays."""
-    rng = np.random.default_rng(seed)
-    return comm.asarray(rng.standard_normal((batch, d_in))), comm.asarray(rng.standard_normal((batch, d_out)))
-
-
-def max_error(got: dict, want: dict, relative=True) -> float:
-    """max over parameters of max |got - want| (/ max |want|): 0.0 means bitwise equal."""
-    errs = []
-    for n, w in want.items():
-        g, w = np.asarray(got[n], np.float64), np.asarray(w, np.float64)
-        errs.append(np.max(np.abs(g - w)) / (np.max(np.abs(w)) if relative else 1.0))
-    return float(max(errs))
-
-
-def row(what, error, tol):
-    return {"what": what, "error": float(error), "tolerance": tol, "ok": bool(error <= tol)}
-
-
-def train(engine, x, y, steps):
-    comm = engine.comm
-    for _ in range(steps):
-        engine.train_step(local_batch(comm, x), local_batch(comm, y))
-    return engine.params_numpy()
 
 
 # --------------------------------------------------------------------------- correctness
@@ -138,13 +97,6 @@ def verify(comm, steps=3, seed=0, lr=1e-2):
 # --------------------------------------------------------------------------- memory and traffic
 
 
-def uniform_model(units=4, width=34, seed=0):
-    """``units`` equal Linear(width, width) layers. 34 x 35 = 1190 weights per layer: neither 3
-    nor 4 divides it, so the memory and traffic checks include padding (1 or 2 per layer)."""
-    rng = np.random.default_rng(seed)
-    return nn.Sequential(*[nn.Linear(width, width, rng) for _ in range(units)])
-
-
 def memory(comm, units=4, width=34, batch=8, mixed=True, steps=2, seed=0):
     """Per stage (0 = DDP): peak bytes held by this rank, the prediction with padding and gathered
     layers, and the paper's formula. One record per stage."""
@@ -158,25 +110,6 @@ def memory(comm, units=4, width=34, batch=8, mixed=True, steps=2, seed=0):
                     "paper": zero_bytes(engine.psi, comm.size, stage, *engine.bytes_per_param()),
                     "psi": engine.psi, "bytes_per_param": engine.bytes_per_param()})
     return out
-
-
-def traced(comm, step):
-    """(this rank's events, seconds) of one traced call of ``step()``, after one untraced call."""
-    step()
-    comm.builtin.barrier()
-    comm.tracer.clear()
-    comm.tracer.enabled = True
-    t0 = time.perf_counter()
-    with comm.region("step"):
-        step()
-    dt = time.perf_counter() - t0
-    comm.tracer.enabled = False
-    return list(comm.tracer.events), dt
-
-
-def stepper(engine, x, y):
-    xl, yl = local_batch(engine.comm, x), local_batch(engine.comm, y)
-    return lambda: engine.train_step(xl, yl)
 
 
 TRAFFIC_FACTOR = {"DDP": 2, "DDP buckets+overlap": 2, "ZeRO-1": 2, "ZeRO-2": 2, "ZeRO-3": 3}

@@ -31,8 +31,7 @@ from ..nn import Linear, functional as F
 from ..optim import sgd_step
 from ..trace import bytes_sent
 from ..xp import namespace, size, to_numpy
-from .common import rel_error
-from .tensor_parallel import TOLERANCE, Checks, expect_error, traced
+from .common import TOLERANCE, Checks, expect_error, rel_error, traced
 
 N, C, H = 12, 6, 10  # tokens per rank, model width, expert hidden width
 

@@ -2,8 +2,8 @@
 
     minipar.launch(4, "minipar.lessons.faults:send_without_recv", watchdog=3)   # -> LaunchError
 
-Each one ends with a clear report instead of a hang: the tests run them, and a learner can run
-them to recognise the symptoms in their own code.
+Each one ends with a clear report instead of a hang. Drivers of lesson 01 (send and recv): the
+tests run them, and a learner can run them to recognise the symptoms in their own code.
 """
 from __future__ import annotations
 

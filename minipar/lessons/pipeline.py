@@ -157,15 +157,3 @@ def profile(comm, schedule="1f1b", m=8, v=2, layers=None, width=256, b=64, seed=
             "max_grad_error": gerr,
             "costs": {k: float(getattr(costs, k)) for k in ("F", "B", "I", "W", "p2p")},
             "events": evs if events and comm.rank == 0 else None}
-
-
-def figure_runs(comm, ms=(2, 4, 8), width=256, b=64, repeats=2):
-    """Everything the pipeline figures measure on 4 ranks, in one launch: a traced 1F1B (m=8)
-    run with its measured costs, and the measured bubble of gpipe and 1f1b for each m in
-    ``ms`` (synchronous vs asynchronous: :mod:`minipar.lessons.pipeline_async`). Returned on
-    rank 0 (None elsewhere)."""
-    kw = dict(width=width, b=b, repeats=repeats)
-    out = {"timeline": profile(comm, "1f1b", 8, events=True, **kw),
-           "bubbles": {k: [(m, profile(comm, k, m, **kw)["measured_bubble_fraction"]) for m in ms]
-                       for k in ("gpipe", "1f1b")}}
-    return out if comm.rank == 0 else None

@@ -5,7 +5,7 @@ learning-rate sweep, memory counted per rank, speed and bubble on real ranks.
     out = launch(4, "minipar.lessons.pipeline_async:check_async")     # check rows
     rows = sweep(ps=(2, 4, 8))                    # one process: the dense runs, every lr and seed
     out = launch(4, "minipar.lessons.pipeline_async:measure", lrs=best_lrs(rows, 4))
-    data = experiment()                           # all of it; minipar figures --only pipeline draws it
+    minipar figures --only pipeline               # all of it, drawn (minipar.figures.pipeline_async)
 
 The task (:data:`TASK`): the pipeline lesson's model, 8 layers of Linear(32, 32) + GeLU
 split into p = 2, 4 or 8 stages, fits a random one-hidden-layer GeLU teacher from a stream
@@ -23,7 +23,6 @@ its final weights at its best lr (mean over seeds).
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -249,42 +248,6 @@ def speed(comm, n_micro=32, m=8, width=256, b=64, layers=8, repeats=2, seed=0) -
     out["flush"].update(sim_per_s=m / float(step.makespan), sim_bubble=float(step.bubble_fraction))
     for scheme in ("nostash", "stash"):
         out[scheme].update(sim_per_s=n_micro / float(stream.makespan), sim_bubble=float(stream.bubble_fraction))
-    return out
-
-
-# ---------------------------------------------------------------- the whole experiment
-
-
-def experiment(quick=False, ps=(2, 4, 8), backend="mpi", device=None, say=print) -> dict:
-    """The sweep (one process), then on p = 2, 4, 8 real ranks each scheme at its best lr
-    (:func:`measure`), whose loss curves must equal the sweep's. What the figure
-    ``pipeline_async.png`` and docs/pipeline_sync_async.md show; JSON-ready."""
-    from ..launcher import launch
-
-    if quick:                               # seconds, for the tour: 4 ranks only, a short stream
-        ps, n_micro, seeds, lrs = (4,), 40, (0,), (0.4, 1.6)
-        speed_kw = dict(n_micro=8, m=4, width=64, b=16, repeats=1)
-    else:
-        n_micro, seeds, lrs, speed_kw = 1000, (0, 1, 2), LRS, {}
-    say(f"sync vs async sweep: {len(SCHEMES)} schemes, p = {ps}, lr = {lrs}, seeds {seeds}, {n_micro} "
-        f"micro-batches each, one process")
-    t0 = time.perf_counter()
-    rows = sweep(ps, lrs, seeds, n_micro)
-    curve = {(r["scheme"], r["p"], r["lr"]): r.pop("curve") for r in rows if "curve" in r}
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    top = best(rows)
-    out = {"task": dict(TASK), "n_micro": n_micro, "seeds": list(seeds), "lrs": list(lrs),
-           "sweep_seconds": time.perf_counter() - t0, "sweep": rows,
-           "best": [{"scheme": s, "p": p, **v} for (s, p), v in top.items()],
-           "sequential_curve": curve[("sequential", None, top[("sequential", None)]["lr"])], "runs": [],
-           "machine": f"{os.cpu_count()} cores, load average {load:.1f} when the runs started"}
-    for p in ps:
-        say(f"sync vs async on {p} ranks: each scheme at its best lr, staleness, memory, speed")
-        run = launch(p, "minipar.lessons.pipeline_async:measure", backend=backend, device=device, quiet=True,
-                     lrs=best_lrs(rows, p), n_micro=n_micro, seed=seeds[0], speed_kw=speed_kw).results[0]
-        run["vs_dense"] = {s: rel_error(np.array(c), np.array(curve[(s, None if s == "flush" else p, run["lrs"][s])]))
-                           for s, c in run["curves"].items()}
-        out["runs"].append(run)
     return out
 
 

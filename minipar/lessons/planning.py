@@ -5,6 +5,7 @@
     minipar run -n 4 planning                                      # the same from the shell
     minipar bench links                                            # DDP and TP under emulated links,
                                                                    # measured vs the planner's prediction
+                                                                   # (minipar.bench.links)
 
 The checks: the planner reproduces the ZeRO paper's memory table cell for cell and Korthikanti
 et al.'s activation formulas; an emulated link (``minipar.comm.link``) really delays the
@@ -371,26 +372,3 @@ def tour(comm, slowdown=20.0):
     rows.append({"what": "link: the data still arrives intact under emulation", "error": 0.0 if intact else 1.0,
                  "tolerance": 0.0, "ok": intact})
     return rows
-
-
-def bench_links(args) -> int:
-    from ..plan.hardware import this_machine
-
-    hw = this_machine("float64")
-    print(f"DDP and tensor parallelism under emulated links (links {args.slowdown:g}x slower than the real ones); "
-          f"this machine: {hw.peak_flops / 1e9:.2f} GFLOP/s float64, alpha {hw.intra.alpha * 1e6:.0f} us, "
-          f"{hw.intra.bandwidth / 1e9:.2f} GB/s ({hw.sources['measured']})", flush=True)
-    rows = feel(tuple(args.links), args.slowdown, args.steps)
-    print(f"{'run':<5} {'link':<10} {'measured s':>11} {'predicted s':>12} {'pred/meas':>10}")
-    for r in rows:
-        print(f"{r['what']:<5} {r['link']:<10} {r['measured_s']:11.4f} {r['predicted_s']:12.4f} "
-              f"{r['predicted_s'] / r['measured_s']:10.2f}")
-    for line in feel_summary(rows):
-        print(line)
-    if args.json:
-        import json
-
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"wrote {args.json}")
-    return 0

@@ -20,15 +20,3 @@ def verify(comm, dtypes=("float64",), seed=0):
 def tour(comm, seed=0):
     """Both halves of the lesson in float64."""
     return verify(comm, ("float64",), seed)
-
-
-def figure_runs(comm, quick=False):
-    """Everything the lesson's figures draw, from one launch: the ring's steps, zigzag vs
-    contiguous busy time, one dispatch, and tokens per expert over EP training without and with
-    the load-balancing loss."""
-    steps, tokens, T, hs = (4, 16, 32, 32) if quick else (40, 32, 256, 64)
-    return {"ring": context_parallel.ring_schedule(comm),
-            "balance": context_parallel.balance(comm, T=T * comm.size, hs=hs),
-            "dispatch": experts.dispatch_matrix(comm),
-            "training": {w: experts.train(comm, steps=steps, n_tokens=tokens, aux_weight=w, lr=0.2)
-                         for w in (0.0, 0.3)}}

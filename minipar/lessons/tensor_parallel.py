@@ -26,48 +26,11 @@ from .. import tensor_parallel as tp
 from ..trace import bytes_sent, count
 from ..xp import chunk_bounds, to_numpy
 from ..errors import UsageError
+from .common import TOLERANCE, Checks, expect_error, randomize, traced
 from .common import format_rows, rel_error  # noqa: F401  (format_rows: re-exported)
 from .common import merge_rows as summarize  # noqa: F401  (re-exported for notebooks and tests)
 
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 SIZES = dict(B=2, T=24, d_model=48, n_heads=24, d_hidden=96)  # divisible by p = 1, 2, 3, 4, 6, 8, 12, 24
-
-
-class Checks:
-    """Rows {"what", "error", "tolerance", "ok"} in the same order on every rank."""
-
-    def __init__(self, comm, dtype):
-        self.comm, self.dtype, self.rows = comm, dtype, []
-
-    def add(self, what, got, want, tol=None):
-        err = rel_error(got, want)
-        self.flag(what, err, TOLERANCE[self.dtype] if tol is None else tol)
-
-    def flag(self, what, error, tol=0.0):
-        self.rows.append({"what": what, "error": float(error), "tolerance": tol,
-                          "ok": bool(error <= tol), "dtype": self.dtype, "rank": self.comm.rank})
-
-
-def traced(comm, fn, *args):
-    """(fn(*args), the trace events it produced on this rank), tracing on just for this call."""
-    tracer, was = comm.tracer, comm.tracer.enabled
-    tracer.enabled, start = True, len(tracer.events)
-    try:
-        out = fn(*args)
-    finally:
-        tracer.enabled = was
-    events = tracer.events[start:]
-    if not was:
-        del tracer.events[start:]
-    return out, events
-
-
-def randomize(module, rng):
-    """Fresh draws for the parameters that nn initialises to constants (biases 0, gamma 1)."""
-    for _, a in module.named_parameters():
-        if a.ndim == 1:
-            a += 0.5 * rng.standard_normal(a.shape)
-    return module
 
 
 def mine(comm, a, axis):
@@ -106,17 +69,6 @@ def check_layer(ch, what, dense, make_parallel, x, rng, x_in=None, y_out=None):
 def count_row(ch, what, events, name, expected):
     n = count(events, kind="collective", name=name)
     ch.flag(f"{what}: {n} {name} (expected {expected})", abs(n - expected))
-
-
-def expect_error(ch, what, fn, *needles):
-    """A row that is ok when fn() raises ValueError whose message holds every needle."""
-    try:
-        fn()
-    except ValueError as err:
-        missing = [n for n in needles if n not in str(err)]
-        ch.flag(f"{what}: ValueError '{err}'" + (f" (missing {missing})" if missing else ""), len(missing))
-        return
-    ch.flag(f"{what}: no ValueError raised", 1.0)
 
 
 # --------------------------------------------------------------------------- the drivers

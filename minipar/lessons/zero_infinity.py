@@ -5,7 +5,7 @@ and a layer too large to gather whole, computed tile by tile.
     out = launch(2, "minipar.lessons.zero_infinity:offload")   # check rows: bitwise, bytes where they live
     out = launch(4, "minipar.lessons.zero_infinity:tiling")    # check rows: equal to the untiled layer, peak
     minipar run -n 2 data_parallel [--offload-dir DIR]         # both, with the rest of lesson 4
-    minipar bench offload -n 2                                 # the step time each home costs
+    minipar bench offload -n 2                                 # the step time each home costs (minipar.bench.offload)
 
 ``offload``: ZeRO-2 with Adam's state (master, m, v) on the host ("cpu") and in a memory-mapped
 file ("nvme"). Checked: the two train bitwise alike, in float64 and in mixed precision (the same
@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import gc
 import os
-import time
 import tracemalloc
 
 import numpy as np
@@ -38,7 +37,7 @@ from ..mixed_precision import NVMe
 from ..nn import mse_loss
 from ..xp import chunk_bounds, itemsize, to_numpy
 from ..zero import ZeRO, tiled_linear
-from .data_parallel import make_data, max_error, row, train, uniform_model
+from .fixtures import make_data, max_error, row, train, uniform_model
 
 TOL = 1e-12
 RAM_TOL = 0.05  # the engine's Python objects (a few KB) beside the state's bytes
@@ -97,53 +96,6 @@ def offload(comm, units=4, width=256, batch=12, steps=2, seed=0, path=None):
     rows.append(row("NVMe offload: its files are removed when the store closes", float(any(os.path.exists(f) for f in store.files)
                                                                                       or (store.own and os.path.exists(where))), 0.0))
     return rows
-
-
-def offload_cost(comm, units=8, width=1024, batch=16, steps=5, seed=0, path=None, mixed=False):
-    """Seconds per ZeRO-2 step with the state in memory, on the host, in a file: the three take
-    turns step by step, so a shared machine's load hits them alike; medians of the slowest rank.
-    Also the bytes each keeps where. Float64 by default: NumPy's float16 matmuls do not use BLAS
-    and would hide the optimizer's cost behind seconds of compute."""
-    x, y = make_data(comm, seed + 1, batch, width, width)
-    store = NVMe(path)
-    xl, yl = local_batch(comm, x), local_batch(comm, y)
-    engines = {name: ZeRO(comm, uniform_model(units, width, seed).to(x), 2, mixed=mixed, offload=off)
-               for name, off in (("memory", False), ("cpu", "cpu"), ("nvme", store))}
-    times = {name: [] for name in engines}
-    for step in range(steps + 1):
-        for name, e in engines.items():
-            comm.builtin.barrier()
-            t0 = time.perf_counter()
-            e.train_step(xl, yl)
-            dt = comm.builtin.all_reduce(comm.asarray(np.array([time.perf_counter() - t0])), "max")[0].item()
-            if step:  # the first round warms up
-                times[name].append(dt)
-    out = {name: {"step_s": float(np.median(t)), "memory": e.measured_memory(), "psi": e.psi}
-           for (name, e), t in zip(engines.items(), times.values())}
-    store.close()
-    return out
-
-
-def bench_offload(args) -> int:
-    from ..errors import UsageError
-    from ..launcher import launch
-
-    if args.n < 1 or args.width < 1 or args.steps < 1:
-        raise UsageError("-n, --width and --steps must be >= 1")
-    if args.offload_dir and not os.path.isdir(args.offload_dir):
-        raise UsageError(f"--offload-dir {args.offload_dir}: not a directory")
-    res = launch(args.n, "minipar.lessons.zero_infinity:offload_cost", quiet=True, width=args.width, steps=args.steps,
-                 path=args.offload_dir, mixed=args.mixed).results[0]
-    base = res["memory"]["step_s"]
-    print(f"ZeRO-2, {'mixed precision' if args.mixed else 'float64'}, {args.n} ranks, 8 x Linear({args.width}, {args.width}), "
-          f"batch 16: "
-          f"Psi = {res['memory']['psi']:,}; medians of {args.steps} steps (load average {os.getloadavg()[0]:.1f})")
-    print(f"{'state in':<10}{'step ms':>10}{'vs memory':>11}   bytes per rank: device / host / file")
-    for name, r in res.items():
-        m = r["memory"]
-        print(f"{name:<10}{r['step_s'] * 1e3:>10.1f}{r['step_s'] / base:>10.2f}x   "
-              f"{m['params_bytes'] + m['grads_bytes'] + m['optimizer_bytes']:,} / {m['host_bytes']:,} / {m['file_bytes']:,}")
-    return 0
 
 
 # --------------------------------------------------------------------------- Memory-Centric Tiling
@@ -218,4 +170,3 @@ def _tiles(model):
 
 def tour(comm, path=None):
     return offload(comm, path=path) + tiling(comm)
-

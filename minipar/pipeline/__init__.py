@@ -9,7 +9,7 @@
 
     minipar schedule 1f1b --stages 4 --microbatches 8       # the same from the shell
 
-Figures: :mod:`minipar.pipeline.plot` (imports matplotlib only when called).
+Drawing them (timelines, bubble curves, memory): :mod:`minipar.figures.pipeline`.
 """
 from .schedules import (KINDS, SCHEDULES, Action, Schedule, ScheduleError, dependencies,
                         format_grid, gpipe, inflight_profile, interleaved_1f1b, lockstep,

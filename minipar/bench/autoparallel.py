@@ -1,7 +1,8 @@
-"""Search on the ranks, then run the strategies: predicted vs measured step times.
+"""Benchmark: search for a strategy on the ranks, then run the strategies: predicted vs measured
+step times (``minipar search``).
 
     from minipar import launch
-    out = launch(4, "minipar.autoparallel.bench:compare", model="block", budget=20)
+    out = launch(4, "minipar.bench.autoparallel:compare", model="block", budget=20)
     out.results[0]["rows"]       # one row per strategy: predicted and measured seconds
 
 ``compare`` is what ``minipar search`` runs on every rank (``format_report`` is what it prints):
@@ -20,13 +21,13 @@ import os
 import numpy as np
 
 from .. import collectives
-from .calibrate import CLOCKS, calibrate
-from .execute import Executor
-from .graph import describe, hand_written, space
-from .models import build
-from .sharding import Mesh
-from .search import decode, encode, mcmc
-from .simulate import Simulator
+from ..autoparallel.calibrate import CLOCKS, calibrate
+from ..autoparallel.execute import Executor
+from ..autoparallel.graph import describe, hand_written, space
+from ..autoparallel.models import build
+from ..autoparallel.search import decode, encode, mcmc
+from ..autoparallel.sharding import Mesh
+from ..autoparallel.simulate import Simulator
 
 
 def keep_freed_memory() -> bool:
