@@ -10,7 +10,10 @@ on the rank's own monotonic clock, ``bytes`` counts what this rank sent (for ``r
 received). The same events drive the pipeline timelines, the measured bubble, the
 communication-volume tables and a Chrome trace that opens in https://ui.perfetto.dev.
 
-Tracing off costs one attribute test per call: ``if tracer.enabled``.
+Tracing off costs one attribute test per call: ``if tracer.enabled``. With ``tracer.origins``
+also on (the lab grader turns it on around a learner's call), each point-to-point event also
+records who made the call, its :func:`origin`: the frames from the code that called the
+communicator out to the user's own line, so a message can be attributed to the code that sent it.
 
     comm.tracer.enabled = True
     with comm.region("forward"):          # a compute region
@@ -25,12 +28,17 @@ lifetime is a ``buffer`` event from its allocation to its free, on a lane of its
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 import weakref
 from collections import defaultdict
 from typing import NamedTuple
 
 SEND_KINDS = ("send", "isend", "sendrecv")
+_HERE = os.path.abspath(__file__)
+_LIBRARY = os.path.dirname(_HERE)  # .../minipar
+_COMM = os.path.join(_LIBRARY, "comm") + os.sep  # the communicator itself: never the origin
 
 
 class Event(NamedTuple):
@@ -41,6 +49,7 @@ class Event(NamedTuple):
     t_end: float
     bytes: int
     peer: int  # -1 when not a point-to-point event
+    origin: tuple = ()  # who made the call, while tracer.origins is on: see origin()
 
     @property
     def duration(self) -> float:
@@ -53,11 +62,16 @@ class Tracer:
     def __init__(self, rank: int, enabled: bool = False):
         self.rank = rank
         self.enabled = enabled
+        self.origins = False  # also record each point-to-point call's origin() (costs a walk up the stack)
         self.events: list[Event] = []
         self.buffers = Buffers(self)
 
-    def record(self, kind, name, t_start, t_end, nbytes=0, peer=-1):
-        self.events.append(Event(self.rank, kind, name, t_start, t_end, int(nbytes), int(peer)))
+    def record(self, kind, name, t_start, t_end, nbytes=0, peer=-1, origin=()):
+        self.events.append(Event(self.rank, kind, name, t_start, t_end, int(nbytes), int(peer), origin))
+
+    def caller(self) -> tuple:
+        """The :func:`origin` of the communication call being made, while tracing with origins."""
+        return origin() if self.enabled and self.origins else ()
 
     def clear(self):
         self.events.clear()
@@ -65,6 +79,37 @@ class Tracer:
     def region(self, name: str, kind: str = "compute"):
         """Context manager recording ``name`` as one event (a no-op while disabled)."""
         return _Region(self, name, kind) if self.enabled else _NULL
+
+
+_ABSOLUTE: dict = {}  # co_filename -> absolute path
+
+
+def origin(limit: int = 32) -> tuple:
+    """Who is making the communication call in progress: ``(path, line, function)`` of each frame
+    from the code that called the communicator outward, up to and including the first frame
+    outside the minipar library (the user's code). ``(("/x/ex.py", 12, "ring_pass"),)`` is a
+    send written in ex.py; ``(("/x/minipar/collectives.py", 88, "broadcast"), ("/x/ex.py", 12,
+    "tree_broadcast"))`` is minipar's broadcast sending, called from ex.py."""
+    frame, out = sys._getframe(1), []
+    while frame is not None and len(out) < limit:
+        name = frame.f_code.co_filename
+        path = _ABSOLUTE.get(name) or _ABSOLUTE.setdefault(name, os.path.abspath(name))
+        if not path.startswith(_COMM) and path != _HERE:
+            out.append((path, frame.f_lineno, frame.f_code.co_name))
+            if not in_library(path):
+                break
+        frame = frame.f_back
+    return tuple(out)
+
+
+def in_library(path: str) -> bool:
+    """``path`` (absolute) is a file of the minipar library."""
+    return path.startswith(_LIBRARY + os.sep)
+
+
+def shown(path: str) -> str:
+    """``path`` (absolute) as a user reads it: relative to the working directory when inside it."""
+    return os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
 
 
 class _Region:

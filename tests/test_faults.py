@@ -97,6 +97,17 @@ def test_a_stuck_sendrecv_names_both_peers_and_tags():
 
 
 @pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_stretch_past_its_budget_is_reported_with_the_line_it_was_running():
+    err, took = failing("past_its_budget", 2, watchdog=30, seconds=1.0)
+    assert re.match(r"minipar watchdog: rank \d did not finish the planted stretch in 1 s", err.line), err.output
+    assert re.search(r"rank 0: not in a communication call: running Python for [\d.]+ s \(no call yet\); "
+                     r"at minipar/lessons/faults.py:\d+: time.sleep\(600\)", err.output), err.output
+    assert "Raise the limit" not in err.output  # a budget, not the watchdog's own limit
+    assert took < 30, f"the job took {took:.1f} s to end after its 1 s budget"  # not the 30 s watchdog
+
+
+@pytest.mark.mpi
 @pytest.mark.timeout(90)
 def test_recv_without_send_on_torch():
     if not has_torch():

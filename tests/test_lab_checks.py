@@ -1,9 +1,13 @@
 """The grading rules of minipar.labs.checks on their own (one process, no ranks): each rule
 passes the right thing and refuses the wrong one. The labs' tests (test_labs.py) then show
 them refusing real solutions that skip the technique."""
+import pathlib
+import sys
+
 import numpy as np
 
 from minipar.labs import checks
+from minipar.trace import shown
 from minipar.trace import Event
 
 
@@ -95,3 +99,104 @@ def test_memory_counts_what_the_call_holds_not_what_the_grader_does_inside_it():
     assert 80_000 <= mem.peak < 120_000
     assert checks.held_at_most(FakeComm(), checks.Graded(None, [], peak=mem.peak), 50_000, "f", "the rule")
     assert not checks.held_at_most(FakeComm(), checks.Graded(None, [], peak=mem.peak), 200_000, "f", "the rule")
+
+
+# --------------------------------------------------------------------------- whose messages, whose code
+
+LIBRARY = pathlib.Path(checks.__file__).resolve().parents[1]  # .../minipar
+HERE = str(pathlib.Path(__file__).resolve())
+
+
+def learners_fn(comm, x):
+    return x
+
+
+def made(*frames, kind="send", nbytes=8, peer=1):
+    """One event whose origin is ``frames``: (path relative to minipar/ or absolute, line, function)."""
+    origin = tuple((f if f.startswith("/") else str(LIBRARY / f), line, name) for f, line, name in frames)
+    return checks.Graded(None, [Event(0, kind, "world", 0.0, 1.0, nbytes, peer, origin)])
+
+
+def test_trace_origin_is_the_chain_from_the_caller_out_to_the_users_line():
+    from minipar.trace import origin
+
+    def send_here():
+        return origin(), sys._getframe().f_lineno
+
+    chain, line = send_here()
+    assert chain == ((HERE, line, "send_here"),)  # outside minipar: the chain stops at the user's frame
+
+
+def test_sent_by_learner_passes_the_learners_messages_and_names_minipars():
+    comm, learner = FakeComm(), (HERE, 12, "learners_fn")
+    ring = [("collectives.py", 140, "ring_steps"), ("collectives.py", 225, "all_reduce"), learner]
+    assert checks.sent_by_learner(comm, made(learner), learners_fn, "f", "comm.send") == []
+    assert checks.sent_by_learner(comm, made(*ring), learners_fn, "f", "x", checks.COLLECTIVES) == []
+    msg = checks.sent_by_learner(comm, made(*ring, kind="irecv"), learners_fn, "ring_all_reduce", "comm.sendrecv")
+    assert msg == [f"rank 0's irecv from rank 1 (8 bytes) was made by minipar's own code, "
+                   f"{shown(str(LIBRARY / 'collectives.py'))}:140 in ring_steps(), called at "
+                   f"{shown(HERE)}:12: write ring_all_reduce's messages yourself, with comm.sendrecv"]
+    # through minipar.collectives, but called by minipar's answer (the lab's solution module)
+    answer = ring[:2] + [("labs/lab04_solution.py", 9, "average_gradients"), learner]
+    msg = checks.sent_by_learner(comm, made(*answer), learners_fn, "average_gradients", "x", checks.COLLECTIVES)
+    assert "was made by minipar's own code, " in msg[0] and "lab04_solution.py:9 in average_gradients()" in msg[0]
+    # a callback the grader handed the learner (the pipeline of a training step) sends the grader's messages
+    callback = [("pipeline/execute.py", 200, "run_schedule"), ("labs/lab05_step.py", 70, "pipeline"), learner]
+    assert checks.sent_by_learner(comm, made(*callback), learners_fn, "train_step", "x", checks.COLLECTIVES) == []
+    # minipar's answer graded as the reference (--solution) is minipar's by design; events without origin are skipped
+    from minipar.labs.lab01_solution import ring_all_reduce
+    assert checks.sent_by_learner(comm, made(*ring), ring_all_reduce, "ring_all_reduce", "x") == []
+    assert checks.sent_by_learner(comm, checks.Graded(None, events(("send", 8, 1))), learners_fn, "f", "x") == []
+
+
+LEARNER = '''
+from minipar.pipeline import schedules as S
+
+
+def gpipe(p, m):
+    return S.gpipe(p, m).actions
+
+
+def bubble_fraction(events, p):
+    from minipar.labs import lab03_solution
+    return lab03_solution.bubble_fraction(events, p)
+'''
+
+
+def test_answers_see_minipars_answer_run_inside_the_learners_call_however_it_was_reached(tmp_path):
+    import importlib.util
+
+    from minipar.pipeline import schedules
+
+    path = tmp_path / "exercise.py"
+    path.write_text(LEARNER)
+    spec = importlib.util.spec_from_file_location("exercise_under_test", path)
+    mine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mine)
+    before = sys.getprofile()
+    with checks.Answers(["minipar.pipeline.schedules:gpipe", "minipar.labs.lab03_solution:gpipe"], str(path)) as ran:
+        schedules.gpipe(2, 2)  # the check's own call of the reference: not the learner's
+        assert ran.refused("gpipe") == []
+        mine.gpipe(2, 2)  # through a module alias
+    assert sys.getprofile() is before
+    assert ran.refused("gpipe") == [f"gpipe ran minipar's own minipar.pipeline.schedules.gpipe (called at {path}:6: "
+                                    f"return S.gpipe(p, m).actions): write gpipe yourself"]
+    with checks.Answers(["minipar.labs.lab03_solution:bubble_fraction"], str(path)) as ran:
+        mine.bubble_fraction([(0, 0, 1), (1, 0, 1)], 2)  # the solution module, imported inside the function
+    assert "bubble_fraction ran minipar's own minipar.labs.lab03_solution.bubble_fraction" in ran.refused("bubble_fraction")[0]
+    with checks.Answers(["minipar.pipeline.schedules:gpipe"], None) as ran:  # minipar's reference graded: no watch
+        mine.gpipe(2, 2)
+    assert ran.refused("gpipe") == []
+
+
+def test_attempt_says_not_implemented_or_invalid_and_ranks_agree_in_number():
+    def missing():
+        raise NotImplementedError("lab 3.1")
+
+    def broken():
+        raise KeyError("no such stage")
+
+    assert checks.attempt(lambda: 3) == (3, None)
+    assert checks.attempt(missing) == (None, "not implemented yet (lab 3.1)")
+    assert checks.attempt(broken, {LookupError: "not a valid schedule"}) == (None, "not a valid schedule:\n'no such stage'")
+    assert (checks.ranks(1), checks.ranks(3)) == ("1 rank", "3 ranks")

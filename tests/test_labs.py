@@ -181,6 +181,67 @@ def test_registry_names_every_part_of_every_lesson():
                 assert callable(getattr(solution, t.function, None)), f"{ls.solution} lacks {t.function}"
 
 
+RING_PASS = """
+import numpy as np
+
+
+def ring_pass(comm, x):
+    buf = np.empty_like(x)
+    return comm.sendrecv(x, (comm.rank + 1) % comm.size, buf, (comm.rank - 1) % comm.size)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_a_stuck_task_is_ended_at_its_budget_with_the_line_it_was_running(tmp_path):
+    """A task that sleeps outside any communication used to wait out the job's hard limit on every
+    world size (minutes, then "raised an exception" with no line); now its budget ends it."""
+    import time
+
+    path = tmp_path / "stuck.py"
+    path.write_text(RING_PASS.replace("    buf = np.empty_like(x)\n", "    import time\n    time.sleep(600)\n    buf = np.empty_like(x)\n"))
+    budget = next(t.budget for t in importlib.import_module("minipar.labs.lab01").TASKS if t.key == "1.1")
+    t0 = time.monotonic()
+    code, out = check("01", "--file", str(path), "--task", "1.1", "--task", "1.6")
+    took = time.monotonic() - t0
+    status, report = reports(out)["1.1"]
+    assert code == 1 and status == "FAIL" and reports(out)["1.6"][0] == "FAIL", out
+    assert report.startswith(f"task 1.1 did not finish in {budget:g} s on 1 rank (a loop that never ends, or a "
+                             f"sleep?): rank 0 was running Python, not communicating, at {path}:7: time.sleep(600)"), out
+    assert "1 ranks" not in out and took < budget + 60, f"{took:.0f} s:\n{out}"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("where, code, said", [
+    ("task", "sys.exit(3)", "exited on 1 rank (rank 0): sys.exit(3) at {path}:7: sys.exit(3), inside ring_pass: a "
+                            "graded function returns its result, it never ends the process"),
+    ("task", "os._exit(0)", "the exercise exited without finishing task 1.1, on 1 rank (os._exit, a signal or a "
+                            "crash: no exception was raised; exit code 0)"),
+    ("import", "sys.exit(0)", "the exercise ended the process while it was imported (rank 0): sys.exit(0) at "
+                              "{path}:4: sys.exit(0); nothing can be graded"),
+    ("import", "os._exit(0)", "the exercise exited while it was imported, on 1 rank"),
+], ids=["sys.exit in a task", "os._exit in a task", "sys.exit at import", "os._exit at import"])
+def test_an_exercise_that_exits_is_reported_with_its_line_or_its_task(tmp_path, where, code, said):
+    path = tmp_path / "exits.py"
+    body = RING_PASS.replace("import numpy as np\n", f"import os, sys\nimport numpy as np\n{code}\n" if where == "import"
+                             else "import os, sys\nimport numpy as np\n")
+    if where == "task":
+        body = body.replace("    buf = np.empty_like(x)\n", f"    {code}\n    buf = np.empty_like(x)\n")
+    path.write_text(body)
+    status, report = reports(check("01", "--file", str(path), "--task", "1.1")[1])["1.1"]
+    assert status == "FAIL" and report.startswith(said.format(path=path)), report
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_verbose_shows_every_failing_check_of_a_task():
+    path, args = ATTEMPTS / "skips" / "01_minipar_reference.py", ("--task", "1.3", "--timeout", "10")
+    quiet, verbose = (reports(check("01", "--file", str(path), *args, *more)[1])["1.3"][1] for more in ((), ("-v",)))
+    assert "(+1 more failing checks: -v shows them)" in quiet and "rank 1's" not in quiet, quiet
+    assert "more failing checks" not in verbose and "rank 1's " in verbose, verbose
+
+
 def test_check_refuses_an_unknown_lab_or_task_in_one_line():
     for args, what in ((["99"], "no lab '99': the labs are 01, 02"),
                        (["01", "--task", "9.9"], "--task 9.9: lab 01 has tasks 1.1")):

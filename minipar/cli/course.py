@@ -46,6 +46,7 @@ def add_verbs(top) -> Verbs:
     c.add_argument("--file", help="the exercise file to grade (default: the lab's exercise.py)")
     c.add_argument("--solution", action="store_true", help="grade minipar's own implementation (must pass)")
     c.add_argument("--timeout", type=float, default=20.0, help="watchdog seconds per graded run (default 20)")
+    c.add_argument("-v", "--verbose", action="store_true", help="show every failing check of a task, not only the first")
     c.set_defaults(func=cmd_check)
 
     b = top.add_parser("bench", help="benchmarks: ours vs the engine's own", **with_example("minipar bench collectives -n 4 --json bench.json"))

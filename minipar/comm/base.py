@@ -18,7 +18,8 @@ Point to point (what the from-scratch collectives are built from)::
 and object transport: lessons never use it for their algorithm, tests and benchmarks use it
 as the reference.
 
-This base class validates arguments, keeps the watchdog informed and records trace events;
+This base class validates arguments, keeps the watchdog informed and records trace events
+(with, while ``tracer.origins`` is on, the origin of each point-to-point call: who sent it);
 a backend implements only the underscored primitives.
 """
 from __future__ import annotations
@@ -39,12 +40,14 @@ class Request:
         self._wait_fn, self._test_fn = pending  # the backend's (wait, test) pair
         self._result, self._done = result, False
         self._t0 = time.perf_counter()
+        self._origin = comm.tracer.caller()  # who posted it (the wait may be elsewhere)
 
     def _finish(self):
         self._done = True
         c = self._comm
         if c.tracer.enabled:
-            c.tracer.record(self._op, c.name, self._t0, time.perf_counter(), self._nbytes, c.world_rank(self._peer))
+            c.tracer.record(self._op, c.name, self._t0, time.perf_counter(), self._nbytes, c.world_rank(self._peer),
+                            self._origin)
 
     def wait(self):
         """Block until done; an ``irecv`` returns its filled buffer."""
@@ -106,7 +109,8 @@ class Comm:
         t0 = time.perf_counter()
         out = self.watchdog.call(what, fn, *args)
         if self.tracer.enabled:
-            self.tracer.record(op, self.name, t0, time.perf_counter(), nbytes, self.world_rank(peer))
+            self.tracer.record(op, self.name, t0, time.perf_counter(), nbytes, self.world_rank(peer),
+                               self.tracer.caller())
         return out
 
     # --------------------------------------------------------------- point to point

@@ -9,8 +9,12 @@ into ``Watchdog.state``::
 and puts the previous state back when the call returns *or raises* (an exception caught in
 user code must not leave a stale "blocked in recv" behind). That is one tuple per call.
 
+A stretch of work can also be given a time budget, ``with watchdog.within("task 1.1", 30):``
+(the lab grader gives each task one): a rank still inside it after that many seconds, blocked or
+computing (a loop that never ends, a sleep), fires the same way.
+
 A daemon thread per rank wakes every ``POLL`` seconds. When its rank has been inside one
-call for longer than ``timeout`` seconds it *fires*:
+call for longer than ``timeout`` seconds, or inside a budget past its end, it *fires*:
 
 1. it creates the report folder (``os.mkdir`` is atomic: the first rank to fire owns the
    report). The folder's path was agreed at start-up (rank 0 picks it and announces it with
@@ -40,12 +44,15 @@ import tempfile
 import threading
 import time
 import uuid
+from contextlib import contextmanager
+
+from ..trace import in_library, shown
 
 DEFAULT_TIMEOUT = 60.0
 POLL = 0.2
 GRACE = 3.0
-_LIBRARY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../minipar
-_USER_CODE_INSIDE = os.path.join(_LIBRARY, "lessons")  # drivers written as a user would
+# lesson drivers, inside the library, are written as a user would: their lines are the user's
+_USER_CODE_INSIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lessons")
 
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT) -> float:
@@ -66,9 +73,8 @@ def user_line(frame) -> str | None:
     """``file:line: code`` of the innermost frame that is not minipar's library code."""
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_LIBRARY + os.sep) or path.startswith(_USER_CODE_INSIDE + os.sep):
-            shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
-            return f"{shown}:{frame.f_lineno}: {linecache.getline(path, frame.f_lineno).strip()}"
+        if not in_library(path) or path.startswith(_USER_CODE_INSIDE + os.sep):
+            return f"{shown(path)}:{frame.f_lineno}: {linecache.getline(path, frame.f_lineno).strip()}"
         frame = frame.f_back
     return None
 
@@ -80,6 +86,7 @@ class Watchdog:
         self.report_dir = report_dir  # agreed path; created only when a rank fires
         self.abort = abort  # callable(exit_code) that ends every rank
         self.state = None  # (what, t_enter, thread id) while inside a blocking call
+        self.budget = None  # (what, seconds, t_end) while inside within()
         self.last = None  # the last call that completed (for "computing since ...")
         self.last_t = time.monotonic()
         self.finished = False
@@ -103,6 +110,17 @@ class Watchdog:
         finally:
             self.last, self.state = self.state, outer
             self.last_t = time.monotonic()
+
+    @contextmanager
+    def within(self, what: str, seconds: float):
+        """A time budget for the block: still inside it ``seconds`` later, the rank fires (if the
+        watchdog runs at all: a timeout of 0 turns budgets off too)."""
+        outer = self.budget
+        self.budget = (what, float(seconds), time.monotonic() + seconds)
+        try:
+            yield
+        finally:
+            self.budget = outer
 
     # the thread -------------------------------------------------------------------------
     def describe(self) -> str:
@@ -131,16 +149,23 @@ class Watchdog:
                 self._seen = True
                 self._write_report()
                 continue
-            if st is not None and not self._seen and time.monotonic() - st[1] > self.timeout:
-                try:
-                    os.mkdir(self.report_dir)
-                except FileExistsError:
-                    continue  # another rank fired first; it prints the report
-                except OSError as err:  # no folder to share: report this rank alone
-                    sys.stderr.write(f"minipar watchdog: cannot create {self.report_dir}: {err}\n")
-                self._write_report()
-                self._collect_and_abort()
-                return
+            budget, now = self.budget, time.monotonic()
+            if st is not None and not self._seen and now - st[1] > self.timeout:
+                why = (f"made no progress for {self.timeout:g} s (a deadlock, or a send/recv without its "
+                       f"partner)", " Raise the limit with --watchdog SECONDS or MINIPAR_WATCHDOG.")
+            elif budget is not None and not self._seen and now > budget[2]:
+                why = f"did not finish {budget[0]} in {budget[1]:g} s (its time budget)", ""
+            else:
+                continue
+            try:
+                os.mkdir(self.report_dir)
+            except FileExistsError:
+                continue  # another rank fired first; it prints the report
+            except OSError as err:  # no folder to share: report this rank alone
+                sys.stderr.write(f"minipar watchdog: cannot create {self.report_dir}: {err}\n")
+            self._write_report()
+            self._collect_and_abort(*why)
+            return
 
     def _write_report(self):
         if self._written:
@@ -154,22 +179,19 @@ class Watchdog:
         except OSError:
             pass  # the owner has already printed the report and removed the folder
 
-    def _collect_and_abort(self):
+    def _collect_and_abort(self, why, hint):
         deadline = time.monotonic() + GRACE
         paths = [os.path.join(self.report_dir, f"rank.{r}") for r in range(self.size)]
         while time.monotonic() < deadline and not all(os.path.exists(p) for p in paths):
             time.sleep(0.05)
-        lines = [
-            f"minipar watchdog: rank {self.rank} made no progress for {self.timeout:g} s "
-            f"(a deadlock, or a send/recv without its partner). What every rank is doing:"
-        ]
+        lines = [f"minipar watchdog: rank {self.rank} {why}. What every rank is doing:"]
         for r, p in enumerate(paths):
             try:
                 with open(p) as f:
                     lines.append(f"  rank {r}: {f.read()}")
             except OSError:
                 lines.append(f"  rank {r}: no report (process exited or unresponsive)")
-        lines.append("Aborting the job. Raise the limit with --watchdog SECONDS or MINIPAR_WATCHDOG.")
+        lines.append("Aborting the job." + hint)
         shutil.rmtree(self.report_dir, ignore_errors=True)
         sys.stderr.write("\n".join(lines) + "\n")
         sys.stderr.flush()

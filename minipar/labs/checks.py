@@ -17,19 +17,33 @@ turns what it saw into failure messages that name the broken rule, the rank and 
   afterwards is right).
 * **memory**      ``graded(..., memory=Memory())`` counts the bytes allocated and still held at
   the peak of the call (``tracemalloc``); :func:`held_at_most` compares them with the formula.
+* **the learner's own messages**  :func:`sent_by_learner`: the trace records who made each send
+  and receive (``Event.origin``); every one must come from the learner's code, directly or
+  through what the task lets them call (``minipar.collectives``), never from minipar's own
+  implementation of the technique (a broadcast that returns ``minipar.collectives.broadcast``
+  sends the right messages, but the learner wrote none of them).
+* **the learner's own code**  :class:`Answers`: while the learner's function runs, a call into
+  minipar's answer to the task (the solution module's function for it, or a function such as
+  ``minipar.pipeline.schedules.gpipe``) is seen however it was reached (an import under another
+  name, an import inside the function); the grader refuses a task that ran one.
 
 Checks run on every rank and often call collectives, so a rank that has failed must not leave
 the loop alone: :func:`stop` makes all ranks leave together.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
 import tracemalloc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace import SEND_KINDS
+from ..comm.watchdog import user_line
+from ..trace import SEND_KINDS, in_library, shown
 from ..xp import chunk_bounds, namespace, to_numpy
 
 
@@ -59,6 +73,11 @@ def compare(comm, got, want, what, case, tol=1e-12, offset=0, owns=None):
                 f"shards as NaN) ({case})"]
     return [f"rank {comm.rank}: {what}, {at}: expected {w.ravel()[i]:.6g}, got {g.ravel()[i]:.6g} ({case}; "
             f"{bad.size} of {w.size} elements wrong)"]
+
+
+def ranks(n) -> str:
+    """"1 rank", "3 ranks": how many ranks a message speaks of."""
+    return f"{n} rank{'s' if n != 1 else ''}"
 
 
 def stop(comm, fails) -> bool:
@@ -143,10 +162,11 @@ def _record_builtin(comm, log):
 
 
 def graded(comm, call, memory: Memory | None = None) -> Graded:
-    """Run the learner's ``call()`` traced, with ``comm.builtin`` recorded, and (given a
-    :class:`Memory`) its held bytes counted. The trace is on only during the call."""
+    """Run the learner's ``call()`` traced (each message with its origin), with ``comm.builtin``
+    recorded, and (given a :class:`Memory`) its held bytes counted. The trace is on only during
+    the call."""
     log = []
-    comm.tracer.enabled = True
+    comm.tracer.enabled = comm.tracer.origins = True
     comm.tracer.clear()
     try:
         with _record_builtin(comm, log):
@@ -156,7 +176,7 @@ def graded(comm, call, memory: Memory | None = None) -> Graded:
             else:
                 out = call()
     finally:
-        comm.tracer.enabled = False
+        comm.tracer.enabled = comm.tracer.origins = False
     return Graded(out, list(comm.tracer.events), log, memory.peak if memory is not None else None)
 
 
@@ -201,13 +221,13 @@ def expect_traffic(comm, g: Graded, technique, nbytes, messages=None, to=None, h
     r, p = comm.rank, comm.size
     seen = f" (the trace shows {ran(g.events)})"
     if b == 0 and nbytes > 0:
-        return [f"rank {r} sent 0 bytes through comm; {technique} on {p} ranks sends {nbytes}: did you use a "
+        return [f"rank {r} sent 0 bytes through comm; {technique} on {ranks(p)} sends {nbytes}: did you use a "
                 f"builtin collective (mpi4py's own, torch.distributed) instead of comm / minipar.collectives?"]
     if b != nbytes:
-        return [f"rank {r} sent {b} bytes through comm; {technique} on {p} ranks sends exactly {nbytes}{seen}"
+        return [f"rank {r} sent {b} bytes through comm; {technique} on {ranks(p)} sends exactly {nbytes}{seen}"
                 + (f": {hint}" if hint else "")]
     if messages is not None and n != messages:
-        return [f"rank {r} sent {n} messages; {technique} on {p} ranks sends exactly {messages}{seen}"
+        return [f"rank {r} sent {n} messages; {technique} on {ranks(p)} sends exactly {messages}{seen}"
                 + (f": {hint}" if hint else "")]
     if to is not None and not set(peers) <= set(to):
         return [f"rank {r} sent to ranks {peers}; {technique} sends only to rank{'s' if len(to) > 1 else ''} "
@@ -228,6 +248,51 @@ def ring_traffic(counts, rank, itemsize, phases=("reduce-scatter", "all-gather")
 def chunk_counts(n, p):
     """Elements per rank under ``chunk_bounds(n, p)``."""
     return [b - a for a, b in chunk_bounds(n, p)]
+
+
+_LABS = os.path.dirname(os.path.abspath(__file__))  # minipar/labs: the grader's own code and the answers
+
+
+def minipars(fn) -> bool:
+    """``fn`` is minipar's own (its reference answer, graded by ``minipar check --solution``)."""
+    module = getattr(fn, "__module__", None) or ""
+    return module == "minipar" or module.startswith("minipar.")
+
+
+def _graders(path) -> bool:
+    """``path`` is the grader's own code (a check module, whose callbacks the learner calls)."""
+    return os.path.dirname(path) == _LABS and not path.endswith("_solution.py")
+
+
+COLLECTIVES = ("minipar.collectives",)  # what a learner's messages go through, where a lab allows it
+
+
+def sent_by_learner(comm, g: Graded, fn, function, instead, through=()):
+    """Every send and receive of the call was made by the learner's code (any file outside the
+    minipar library), directly or through the modules ``through`` names (what the task lets
+    the learner call, e.g. ``("minipar.collectives",)``): never by minipar's own implementation
+    of what the task teaches. A message made inside a callback the grader handed the learner
+    (the pipeline in a training step) is the grader's. minipar's answer graded as the reference
+    (``--solution``) is minipar's by design and passes."""
+    if minipars(fn):
+        return []
+    allowed = {os.path.abspath(importlib.import_module(m).__file__) for m in through}
+    for e in g.events:
+        if not e.origin or not e.bytes or e.kind not in SEND_KINDS + ("recv", "irecv"):
+            continue
+        chain = [f for f in e.origin if f[0] not in allowed]
+        inside = [f for f in chain if in_library(f[0])]
+        if not inside or not in_library(chain[0][0]) or any(_graders(f[0]) for f in inside):
+            continue
+        path, line, name = chain[0]
+        user = chain[-1] if not in_library(chain[-1][0]) else None
+        way = "to" if e.kind in SEND_KINDS else "from"
+        peer = {comm.world_rank(r): r for r in range(comm.size)}.get(e.peer, e.peer)
+        return [f"rank {comm.rank}'s {e.kind} {way} rank {peer} ({e.bytes} bytes) was made by minipar's own code, "
+                f"{shown(path)}:{line} in {name}()"
+                + (f", called at {shown(user[0])}:{user[1]}" if user else "")
+                + f": write {function}'s messages yourself, with {instead}"]
+    return []
 
 
 def held_at_most(comm, g: Graded, limit, function, rule):
@@ -294,3 +359,74 @@ def used_only_own(comm, arrays, function):
                     f"owns {where} ({own} elements): compute with your shard only, not the whole {name} "
                     f"(slice first, then multiply)"]
     return []
+
+
+# --------------------------------------------------------------------------- minipar's answers
+
+class Answers:
+    """minipar's answers to one task, watched while a check runs the learner's function.
+
+    ``names``: "package.module:function", e.g. ``minipar.pipeline.schedules:gpipe`` or the lab's
+    solution module's function for the task, ``minipar.labs.lab03_solution:gpipe``; each is
+    found by its file and name, without importing anything. ``learner``: the learner's file (None:
+    nothing is watched). Inside ``with answers:`` a profiler (``sys.setprofile``) sees every call
+    into these functions, however the learner reached them (``from minipar.pipeline import
+    schedules as S``, an import inside the function), and keeps the first made while a function
+    of the learner's file is on the stack (the check's own calls of the reference are not the
+    learner's); :meth:`refused` turns it into the verdict."""
+
+    def __init__(self, names, learner):
+        self.learner, self.log, self._paths, self.watched = learner, [], {}, {}
+        for name in names:
+            module, _, function = name.partition(":")
+            path = os.path.abspath(importlib.util.find_spec(module).origin)
+            self.watched[(path, function.rsplit(".", 1)[-1])] = f"{module}.{function}"
+        self.names = {function for _, function in self.watched}
+
+    def _path(self, code):
+        name = code.co_filename
+        return self._paths.get(name) or self._paths.setdefault(name, os.path.abspath(name))
+
+    def _seen(self, frame, event, arg):
+        if event != "call" or self.log or frame.f_code.co_name not in self.names:
+            return
+        what = self.watched.get((self._path(frame.f_code), frame.f_code.co_name))
+        if what is None:
+            return
+        caller = frame.f_back
+        while caller is not None and self._path(caller.f_code) != self.learner:
+            caller = caller.f_back
+        if caller is not None:
+            self.log.append((what, user_line(frame.f_back)))
+
+    def __enter__(self):
+        self._before = sys.getprofile()
+        if self.learner and self.watched:
+            sys.setprofile(self._seen)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._before)
+
+    def refused(self, function):
+        """The failure when the learner's function ran one of minipar's answers (the first seen)."""
+        if not self.log:
+            return []
+        what, line = self.log[0]
+        return [f"{function} ran minipar's own {what}" + (f" (called at {line})" if line else "")
+                + f": write {function} yourself"]
+
+
+# --------------------------------------------------------------------------- the exercises' demos
+
+def attempt(call, invalid=None):
+    """What a demo shows for one call of the learner's function: (its result, None), or (None,
+    why): "not implemented yet (...)" while it raises NotImplementedError, or, for an exception
+    of a type in ``invalid`` ({type: "not a valid schedule"}), that label and the error."""
+    try:
+        return call(), None
+    except NotImplementedError as err:
+        return None, f"not implemented yet ({err})"
+    except tuple(invalid or ()) as err:
+        label = next(label for kind, label in invalid.items() if isinstance(err, kind))
+        return None, f"{label}:\n{err}"

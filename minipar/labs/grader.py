@@ -3,15 +3,28 @@
 For each world size in turn (1, 2, 3, 4: a non-power of two included), every task still
 passing runs on real ranks (``minipar.launch``, one job per world size) inside its check, which
 compares the learner's function with minipar's reference and with the technique the task
-teaches (``minipar.labs.checks``: values, no engine builtin, exact traffic, own data only,
-memory held) and returns *where* it differs: which rank, which element or chunk, which rule.
+teaches (``minipar.labs.checks``: values, no engine builtin, exact traffic, messages the
+learner's own, own data only, memory held) and returns *where* it differs: which rank, which
+element or chunk, which rule. While the learner's function runs, a call into minipar's own answer
+(the solution module's function for the task, or the functions a task names as ``reference``)
+is seen and refused.
 A task stops at its first failing world size; a failing task is graded again on its own, so
 its message never depends on the other tasks. The report per task:
 
 * a wrong value or a broken rule: the check's message
-* an exception:       the rank and the last lines of its traceback
-* a hang:             the watchdog's report of what every rank was blocked on
+* an exception:          the rank and the last lines of its traceback
+* a hang:                the watchdog's report of what every rank was blocked on
+* stuck outside any communication (a loop that never ends, a sleep): "did not finish in N s",
+  with the line each rank was running. Every task has a time budget (``Task.budget``, fitted to
+  the reference: seconds per job on a loaded 2-core machine, with room to spare); the watchdog
+  ends the job when a rank is still inside the task past it
+* the exercise ending the process (``sys.exit`` in a task or at import: the line that called it;
+  ``os._exit``: the task it was running)
 * ``NotImplementedError``: "not implemented yet"
+
+Each rank writes what it is doing (loading the exercise, which task) into a file of a folder the
+grader owns, so when a job dies the grader knows the task that killed it: that task gets its
+verdict, and the others of its job run again together.
 
 Exit code 0 only when every selected task passes.
 
@@ -24,13 +37,18 @@ import importlib
 import importlib.util
 import os
 import re
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 
+from ..comm.watchdog import user_line
 from ..errors import UsageError
-from ..launcher import LaunchError, launch
+from ..launcher import LaunchError, ending_on_signals, launch
+from .checks import Answers, ranks
 
 WORLD_SIZES = (1, 2, 3, 4)
+ALONE, AGAIN = "grade alone", "grade again"  # run_tasks' verdicts that are not yet a message
 
 
 @dataclass(frozen=True)
@@ -40,6 +58,8 @@ class Task:
     function: str  # name the learner implements
     check: str  # "module:function" called on every rank as check(comm, fn) -> list of failure strings
     sizes: tuple = WORLD_SIZES
+    budget: float = 15.0  # seconds its check may run on one world size (most take under 1.5 s, loaded)
+    reference: tuple = ()  # "module:function" of minipar's own answer: the learner's function may not run it
 
 
 def load_lab(key: str):
@@ -69,15 +89,48 @@ def not_yours(fn, function):
     return []
 
 
-def grade_on_ranks(comm, checks, path=None, solution=None, batch=False):
-    """Rank side: run each (task key, check, function name) in turn on the learner's functions;
-    returns {task key: failure strings}, or for a task whose function raised NotImplementedError
-    (batch jobs only; alone it ends the job like any exception): "not implemented: <its text>"
-    when every rank raised it, "unclear" when only some did (then it is graded again alone)."""
-    functions = load_functions(path, solution)
+# ---------------------------------------------------------------- on the ranks
+
+class Doing:
+    """What this rank is doing, in ``folder/rank.<r>`` (read by the grader when the job dies):
+    "loading" (importing the exercise), "task 1.3", "done", or "exited <what>: <how>"."""
+
+    def __init__(self, folder, rank):
+        self.path = os.path.join(folder, f"rank.{rank}") if folder else None
+
+    def __call__(self, what):
+        if self.path:
+            with open(self.path, "w") as f:
+                f.write(what)
+
+    def exited(self, what, stop: SystemExit):
+        """The exercise raised SystemExit (``sys.exit``) during ``what``: write where, then end the
+        whole job now (a rank left waiting for this one would only hang)."""
+        tb = stop.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        where = user_line(tb.tb_frame)
+        code = "" if stop.code is None else repr(stop.code)
+        self(f"exited {what}: sys.exit({code})" + (f" at {where}" if where else ""))
+        raise RuntimeError(f"the exercise called sys.exit({code}) during {what}") from None
+
+
+def grade_on_ranks(comm, checks, path=None, solution=None, batch=False, folder=None):
+    """Rank side: run each (task key, check, function name, budget, answers) in turn on the
+    learner's functions; returns {task key: failure strings}, or for a task whose function raised
+    NotImplementedError (batch jobs only; alone it ends the job like any exception): "not
+    implemented: <its text>" when every rank raised it, "unclear" when only some did (then it is
+    graded again alone). ``answers``: minipar's answers the learner's function may not run
+    (:class:`minipar.labs.checks.Answers`), watched only when grading a learner's file."""
+    doing = Doing(folder, comm.rank)
+    doing("loading")
+    try:
+        functions = load_functions(path, solution)
+    except SystemExit as stop:
+        doing.exited("loading", stop)
     sync = comm.split(0, comm.rank, name="grader") if batch else None  # its own context: never meets a check's
     out = {}
-    for key, check, function in checks:
+    for key, check, function, budget, answers in checks:
         fn = getattr(functions, function, None)
         if fn is None:
             out[key] = [f"the exercise defines no function {function}"]
@@ -87,19 +140,27 @@ def grade_on_ranks(comm, checks, path=None, solution=None, batch=False):
             if out[key]:
                 continue
         module, _, name = check.partition(":")
+        doing(f"task {key}")
         try:
-            out[key] = getattr(importlib.import_module(module), name)(comm, fn)
+            with comm.watchdog.within(f"task {key}", budget), Answers(answers, path) as ran:
+                out[key] = getattr(importlib.import_module(module), name)(comm, fn)
+            out[key] = out[key] or ran.refused(function)
             missing = None
         except NotImplementedError as err:
             if sync is None:
                 raise
             missing = f"not implemented: {err}"
+        except SystemExit as stop:
+            doing.exited(f"task {key}", stop)
+        doing("done")
         if sync is not None:
             everyone = sync.builtin.allgather_object(missing)
             if any(everyone):
                 out[key] = missing if all(everyone) else "unclear"
     return out
 
+
+# ---------------------------------------------------------------- reading a job that died
 
 def not_implemented(task, text=None):
     """The report of a task whose function raised NotImplementedError(text)."""
@@ -108,75 +169,184 @@ def not_implemented(task, text=None):
     return f"not implemented yet: it raised NotImplementedError({text!r})"
 
 
-def _explain(err: LaunchError, n: int, task: Task) -> str:
+def read_doing(folder, n):
+    """{rank: what it was doing} from the ranks' files (a rank that never wrote is left out)."""
+    out = {}
+    for r in range(n):
+        try:
+            with open(os.path.join(folder, f"rank.{r}")) as f:
+                out[r] = f.read()
+        except OSError:
+            pass
+    return out
+
+
+def _watchdog_lines(out):
+    """The watchdog's headline and its line per rank, stripped."""
+    report = out[out.index("minipar watchdog"):].splitlines()
+    return report[0], [ln.strip() for ln in report if ln.startswith("  rank ")]
+
+
+def cause(err: LaunchError, doing: dict) -> str:
+    """How a job died: "exit" (the exercise called sys.exit), "stuck" (the watchdog found a rank
+    running Python, not communicating, past its task's budget or while the others waited for it),
+    "gone" (a rank vanished while the others waited), "hang", "not implemented", "raised",
+    "killed" (the hard time limit), or "vanished" (no rank said a word: os._exit, a signal)."""
     out = err.output
+    if any(w.startswith("exited ") for w in doing.values()):
+        return "exit"
     if "minipar watchdog" in out:
-        report = out[out.index("minipar watchdog"):].splitlines()
-        lines = [ln for ln in report if ln.startswith("  rank ")]
-        return f"hangs on {n} ranks (deadlock or a send without its recv). The watchdog saw:\n" + "\n".join("        " + ln.strip() for ln in lines)
+        _, lines = _watchdog_lines(out)
+        if any("not in a communication call" in ln for ln in lines):
+            return "stuck"
+        return "gone" if any("no report (process exited" in ln for ln in lines) else "hang"
     if "NotImplementedError" in out:
+        return "not implemented"
+    if re.search(r"^rank \d+ raised:$", out, re.M):
+        return "raised"
+    return "killed" if err.returncode == 124 else "vanished"
+
+
+FINAL = ("exit", "stuck", "gone", "vanished")  # verdicts a job that died gives at once: alone would say the same
+
+
+def culprit(err: LaunchError, doing: dict, keys):
+    """The task the job died in ("loading": the exercise's import), or None if unknown: the task
+    whose budget ran out, the one a rank exited in, the one the rank that raised was running, or
+    else the first one a rank was still running."""
+    budget = re.search(r"did not finish task (\S+) in ", err.output)
+    if budget:
+        return budget.group(1)
+    exits = [w.split(": ")[0].removeprefix("exited ") for w in doing.values() if w.startswith("exited ")]
+    if exits:
+        return exits[0].removeprefix("task ")
+    raised = re.search(r"^rank (\d+) raised:$", err.output, re.M)
+    states = ([doing.get(int(raised.group(1)), "")] if raised else []) + list(doing.values())
+    running = [w.removeprefix("task ") for w in states if w.removeprefix("task ") in keys]
+    if running:
+        return running[0]
+    return "loading" if "loading" in doing.values() else None
+
+
+def explain(err: LaunchError, n: int, task: Task, doing: dict) -> str:
+    """The failure message of ``task`` (or of the exercise's import, when the ranks died loading
+    it) for a job that died."""
+    out, on, how = err.output, ranks(n), cause(err, doing)
+    loading = bool(doing) and all(w == "loading" for w in doing.values())
+    if how == "exit":
+        r, w = next((r, w) for r, w in doing.items() if w.startswith("exited "))
+        what, said = w.removeprefix("exited ").split(": ", 1)
+        if what == "loading":
+            return f"the exercise ended the process while it was imported (rank {r}): {said}; nothing can be graded"
+        return (f"exited on {on} (rank {r}): {said}, inside {task.function}: a graded function returns its "
+                f"result, it never ends the process")
+    if how in ("stuck", "gone", "hang"):
+        headline, lines = _watchdog_lines(out)
+        seen = "\n".join("        " + ln for ln in lines)
+        if how == "stuck":
+            took = re.search(r"did not finish \S+ \S+ in ([\d.]+) s|made no progress for ([\d.]+) s", headline)
+            took = next((s for s in took.groups() if s), "?") if took else "?"
+            stuck = next(ln for ln in lines if "not in a communication call" in ln)
+            at = stuck.partition("; at ")[2]
+            others = "\n".join("        " + ln for ln in lines if ln != stuck)
+            return (f"task {task.key} did not finish in {took} s on {on} (a loop that never ends, or a sleep?): "
+                    f"{stuck.split(':')[0]} was running Python, not communicating" + (f", at {at}" if at else "")
+                    + (f"\n        the other ranks:\n{others}" if others else ""))
+        if how == "gone":
+            gone = ", ".join(ln.split(":")[0] for ln in lines if "no report (process exited" in ln)
+            return (f"{gone} exited without finishing task {task.key} on {on} (no exception: os._exit, a signal or "
+                    f"a crash); the others waited for it:\n" + seen)
+        return f"hangs on {on} (deadlock or a send without its recv). The watchdog saw:\n" + seen
+    if how == "not implemented":
         said = re.search(r"NotImplementedError: (.*)", out)
         return not_implemented(task, said.group(1).strip() if said else None)
-    tb = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith(("Abort(", "application called"))]
-    rank = re.search(r"rank (\d+)", out)
-    where = f" (rank {rank.group(1)})" if rank else ""
-    return f"raised an exception on {n} ranks{where}:\n" + "\n".join("        " + ln for ln in tb[-6:])
+    if how in ("raised", "killed"):
+        tb = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith(("Abort(", "application called"))]
+        tail = "\n".join("        " + ln for ln in tb[-6:])
+        if how == "killed":
+            return f"did not finish on {on} within the job's hard time limit:\n" + tail
+        rank = re.search(r"rank (\d+)", out)
+        return f"raised an exception on {on}" + (f" (rank {rank.group(1)})" if rank else "") + ":\n" + tail
+    what = "while it was imported" if loading else f"without finishing task {task.key}"
+    return (f"the exercise exited {what}, on {on} (os._exit, a signal or a crash: no exception was raised; exit "
+            f"code {err.returncode})")
 
 
-def run_tasks(tasks, n, path, solution, timeout):
-    """Grade ``tasks`` on n ranks in one job: {task key: failure message, None (passed), or
-    True (unclear: grade it again alone)}; raises LaunchError when the job fails."""
-    res = launch(n, grade_on_ranks, quiet=True, watchdog=timeout, job_timeout=timeout + 60 + 30 * len(tasks),
-                 checks=[(t.key, t.check, t.function) for t in tasks], path=path, solution=solution,
-                 batch=len(tasks) > 1)
+# ---------------------------------------------------------------- the jobs
+
+def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False):
+    """Grade ``tasks`` on n ranks in one job: ({task key: failure message, None (passed), ALONE
+    (grade it again alone) or AGAIN (the job died before its verdict: grade it again with the
+    others)}, whether the job ran to its end). ``answers``: the lab's solution module, whose
+    function for a task the learner's may not run (nor the task's ``reference``)."""
+    with ending_on_signals():  # SIGTERM, SIGHUP: the ranks' files go before this process does
+        folder = tempfile.mkdtemp(prefix="minipar-check-")
+        try:
+            res = launch(n, grade_on_ranks, quiet=True, watchdog=timeout,
+                         job_timeout=timeout + 60 + sum(t.budget for t in tasks),
+                         checks=[(t.key, t.check, t.function, t.budget,
+                                  ((f"{answers}:{t.function}",) if answers else ()) + t.reference) for t in tasks],
+                         path=path, solution=solution, batch=len(tasks) > 1, folder=folder)
+        except LaunchError as err:
+            return died(err, tasks, n, read_doing(folder, n)), False
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
     verdict = {}
     for t in tasks:
         per_rank = [rank[t.key] for rank in res.results]
         if "unclear" in per_rank:
-            verdict[t.key] = True
+            verdict[t.key] = ALONE
         elif isinstance(per_rank[0], str):
             verdict[t.key] = not_implemented(t, per_rank[0].partition(": ")[2])
         else:
             failures = [f for rank in per_rank for f in rank]
+            more = ("".join(f"\n        {f}" for f in failures[1:]) if verbose else
+                    f"\n        (+{len(failures) - 1} more failing checks: -v shows them)")
             verdict[t.key] = None if not failures else (
-                f"wrong on {n} rank{'s' if n > 1 else ''}: {failures[0]}"
-                + (f"\n        (+{len(failures) - 1} more failing checks)" if len(failures) > 1 else ""))
-    return verdict
+                f"wrong on {ranks(n)}: {failures[0]}" + (more if len(failures) > 1 else ""))
+    return verdict, True
 
 
-def grade_alone(task, n, path, solution, timeout):
-    """One task on n ranks in a job of its own: its failure message, or None."""
-    try:
-        return run_tasks([task], n, path, solution, timeout)[task.key]
-    except LaunchError as err:
-        return _explain(err, n, task)
+def died(err, tasks, n, doing):
+    """The verdicts of a job that died: the task that killed it gets its message (or ALONE after
+    an exception or a hang: graded again alone, its message is then its own), the others AGAIN;
+    all ALONE when the task is unknown; all the same message when the exercise's import died."""
+    key = culprit(err, doing, [t.key for t in tasks])
+    if len(tasks) == 1 or key == "loading":
+        return {t.key: explain(err, n, t, doing) for t in tasks}
+    if key is None:
+        return {t.key: ALONE for t in tasks}
+    final = cause(err, doing) in FINAL
+    return {t.key: AGAIN if t.key != key else explain(err, n, t, doing) if final else ALONE for t in tasks}
 
 
-def grade(tasks, path, solution, timeout, progress=None):
+def grade(tasks, path, solution, timeout, progress=None, answers=None, verbose=False):
     """{task key: (passed, message)}. One job per world size grades every task still passing.
     A task that fails there after another task ran in the same job (which might have left it
-    a message), or any task of a job that raised or hung, is graded again alone on that size:
-    the message is always the task's own."""
+    a message), or that raised or hung, is graded again alone on that size: the message is
+    always the task's own. A task that was stuck past its budget or ended the process keeps the
+    verdict of the job it ended (alone, it would only take as long to say the same); the other
+    tasks of that job run again together."""
     verdict, alive = {}, list(tasks)
     for n in sorted({n for t in tasks for n in t.sizes}):
         batch = [t for t in alive if n in t.sizes]
-        if not batch:
-            continue
-        if progress:
-            progress(f"  ... {len(batch)} task{'s' if len(batch) > 1 else ''} on {n} rank{'s' if n > 1 else ''}")
-        try:
-            result = run_tasks(batch, n, path, solution, timeout)
-        except LaunchError as err:  # which task raised or hung? each runs again alone
-            result = {t.key: True for t in batch} if len(batch) > 1 else {batch[0].key: _explain(err, n, batch[0])}
-        for i, t in enumerate(batch):
-            message = result[t.key]
-            if message is True or (message is not None and i > 0 and not message.startswith("not implemented")):
-                message = grade_alone(t, n, path, solution, timeout)
-            if message is not None:
-                verdict[t.key] = (False, message)
-                alive.remove(t)
+        while batch:
+            if progress:
+                progress(f"  ... {len(batch)} task{'s' if len(batch) > 1 else ''} on {ranks(n)}")
+            result, whole = run_tasks(batch, n, path, solution, timeout, answers, verbose)
+            for i, t in enumerate(batch):
+                message = result[t.key]
+                if message == AGAIN:
+                    continue
+                if message == ALONE or (whole and message is not None and i > 0
+                                        and not message.startswith("not implemented")):
+                    message = run_tasks([t], n, path, solution, timeout, answers, verbose)[0][t.key]
+                if message is not None:
+                    verdict[t.key] = (False, message)
+                    alive.remove(t)
+            batch = [t for t in batch if result[t.key] == AGAIN]
     for t in alive:
-        verdict[t.key] = (True, f"PASS on {', '.join(map(str, t.sizes))} ranks")
+        verdict[t.key] = (True, f"PASS on {', '.join(map(str, t.sizes))} rank{'s' if t.sizes != (1,) else ''}")
     return verdict
 
 
@@ -205,7 +375,8 @@ def _main(args) -> int:
             raise UsageError(f"--file {path} not found (run from the repository root, or pass --file)")
         solution, what = None, path
     print(f"lab {lesson.key}: {lab.TITLE}\ngrading {what}\n", flush=True)
-    verdict = grade(tasks, path, solution, args.timeout, progress=lambda s: print(s, flush=True))
+    verdict = grade(tasks, path, solution, args.timeout, progress=lambda s: print(s, flush=True),
+                    answers=lesson.solution, verbose=args.verbose)
     print()
     for t in tasks:
         ok, msg = verdict[t.key]

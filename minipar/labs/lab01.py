@@ -12,7 +12,10 @@ message is the one to read. The rules (``minipar.labs.checks``):
   comm), a naive or tree all-reduce (other counts) or a left-going ring fail;
 * the broadcast is a binomial tree: every rank receives the data once, within ceil(log2 p)
   hops of the root, and the root sends at most ceil(log2 p) messages; the other ranks'
-  buffers start as NaN, so a rank that returns before receiving shows.
+  buffers start as NaN, so a rank that returns before receiving shows;
+* the messages are the learner's: every send and receive made by their own code, not by
+  minipar's collectives (a tree_broadcast returning ``minipar.collectives.broadcast`` sends the
+  right messages, but wrote none of them).
 """
 from __future__ import annotations
 
@@ -22,8 +25,8 @@ import numpy as np
 
 from ..lessons.collectives import draw
 from ..xp import chunk_bounds, to_numpy
-from .checks import (chunk_counts, compare, expect_traffic, graded, no_builtin, ring_traffic,
-                     sent, stop)
+from .checks import (chunk_counts, compare, expect_traffic, graded, no_builtin, ranks, ring_traffic,
+                     sent, sent_by_learner, stop)
 from .grader import Task
 
 TITLE = "collectives from send/recv"
@@ -36,7 +39,8 @@ TASKS = [
     Task("1.3", "ring reduce-scatter", "ring_reduce_scatter", f"{HERE}:check_reduce_scatter"),
     Task("1.4", "ring all-gather", "ring_all_gather", f"{HERE}:check_all_gather"),
     Task("1.5", "ring all-reduce", "ring_all_reduce", f"{HERE}:check_all_reduce"),
-    Task("1.6", "cost model of the ring", "predicted_ring_time", f"{HERE}:check_cost_model", sizes=(1,)),
+    Task("1.6", "cost model of the ring", "predicted_ring_time", f"{HERE}:check_cost_model", sizes=(1,),
+         reference=("minipar.costmodel:allreduce_time",)),
 ]
 
 
@@ -53,7 +57,8 @@ def check_ring_pass(comm, fn):
         fails = (no_builtin(comm, g, "ring_pass", INSTEAD)
                  or compare(comm, g.out, draw(comm, n, "float64", rank=left),
                             f"what it received (should be rank {left}'s x)", f"n={n}")
-                 or expect_traffic(comm, g, f"passing x ({n} double{'s' if n > 1 else ''}) to the right neighbour", 8 * n, 1, _right(comm)))
+                 or expect_traffic(comm, g, f"passing x ({n} double{'s' if n > 1 else ''}) to the right neighbour", 8 * n, 1, _right(comm))
+                 or sent_by_learner(comm, g, fn, "ring_pass", INSTEAD))
         if stop(comm, fails):
             break
     return fails
@@ -82,7 +87,7 @@ def check_tree_broadcast(comm, fn):
         for n in (1, 6):
             x = draw(comm, n, "float64") if r == root else comm.asarray(np.full(n, np.nan))
             g = graded(comm, lambda: fn(comm, x, root))
-            case = f"root {root}, n={n} on {p} ranks"
+            case = f"root {root}, n={n} on {ranks(p)}"
             fails = no_builtin(comm, g, "tree_broadcast", INSTEAD) or compare(
                 comm, g.out, draw(comm, n, "float64", rank=root), f"broadcast from root {root}", f"n={n}")
             got = [world.get(e.peer, e.peer) for e in g.events if e.kind in ("recv", "irecv", "sendrecv") and e.bytes]
@@ -100,6 +105,7 @@ def check_tree_broadcast(comm, fn):
                 fails = [f"rank {r} got the data {depth} hops from root {root} ({case}); a binomial tree reaches "
                          f"every rank within ceil(log2 p) = {rounds} rounds (in round k every rank that has the "
                          f"data sends to the rank 2^k further): is this a chain?"]
+            fails = fails or sent_by_learner(comm, g, fn, "tree_broadcast", INSTEAD)
             if stop(comm, fails):
                 return fails
     return fails
@@ -109,7 +115,7 @@ def _returned_chunk(comm, got, n):
     """A message when the returned chunk has the wrong length (chunk_bounds' rule)."""
     a, b = chunk_bounds(n, comm.size)[comm.rank]
     if got is not None and np.ndim(got) == 1 and len(got) != b - a:
-        return [f"rank {comm.rank} returned {len(got)} elements for n={n} on {comm.size} ranks; its chunk "
+        return [f"rank {comm.rank} returned {len(got)} elements for n={n} on {ranks(comm.size)}; its chunk "
                 f"{comm.rank} is elements {a}:{b} ({b - a} elements) = chunk_bounds({n}, {comm.size})[{comm.rank}]: "
                 f"the first n % p chunks get one extra element"]
     return []
@@ -126,9 +132,10 @@ def check_reduce_scatter(comm, fn):
         fails = (no_builtin(comm, g, "ring_reduce_scatter", INSTEAD)
                  or _returned_chunk(comm, g.out, n)
                  or compare(comm, g.out, want, f"its chunk {r} of the sum (chunk = elements {a}:{b})",
-                            f"n={n} on {p} ranks", offset=a)
+                            f"n={n} on {ranks(p)}", offset=a)
                  or expect_traffic(comm, g, f"a ring reduce-scatter of {n} doubles", nbytes, msgs, _right(comm),
-                                   hint="p-1 steps, each sending one chunk (every chunk but your own)"))
+                                   hint="p-1 steps, each sending one chunk (every chunk but your own)")
+                 or sent_by_learner(comm, g, fn, "ring_reduce_scatter", INSTEAD))
         if stop(comm, fails):
             break
     return fails
@@ -148,7 +155,8 @@ def check_all_gather(comm, fn):
                  or compare(comm, g.out, want, "the gathered vector", f"n={n}, counts={counts}")
                  or expect_traffic(comm, g, f"a ring all-gather of {n} doubles", nbytes, msgs, _right(comm),
                                    hint="p-1 steps, each passing on one chunk (every chunk but your right "
-                                        "neighbour's)"))
+                                        "neighbour's)")
+                 or sent_by_learner(comm, g, fn, "ring_all_gather", INSTEAD))
         if stop(comm, fails):
             break
     return fails
@@ -164,7 +172,8 @@ def check_all_reduce(comm, fn):
         fails = (no_builtin(comm, g, "ring_all_reduce", INSTEAD)
                  or compare(comm, g.out, want, "the sum", f"n={n}")
                  or expect_traffic(comm, g, f"a ring all-reduce of {n} doubles", nbytes, msgs, _right(comm),
-                                   hint="reduce-scatter then all-gather: 2(p-1) chunks, not whole vectors"))
+                                   hint="reduce-scatter then all-gather: 2(p-1) chunks, not whole vectors")
+                 or sent_by_learner(comm, g, fn, "ring_all_reduce", INSTEAD))
         if stop(comm, fails):
             break
     return fails

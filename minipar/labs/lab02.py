@@ -12,6 +12,8 @@ expected value is always a slice of the dense single-process result. The rules
 * traffic: exactly the one ring all-reduce each task needs (of the output, or of dx), or
   nothing at all; gathering instead of reducing, a second collective, or a builtin (0 bytes
   through comm) fail; ``comm.builtin`` is refused inside the learner's call;
+* the messages are the learner's: sent by their code through minipar.collectives, not by
+  minipar's own tensor-parallel layers (``minipar.tensor_parallel``) called from the exercise;
 * typical mistakes get their own message: the bias added on every rank before the all-reduce,
   a missing all-reduce of the input gradient.
 
@@ -24,8 +26,8 @@ import numpy as np
 from ..nn import CausalSelfAttention
 from ..nn.functional import gelu_forward
 from ..xp import chunk_bounds, to_numpy
-from .checks import (chunk_counts, compare, expect_traffic, graded, no_builtin, poisoned,
-                     ring_traffic, used_only_own, watched)
+from .checks import (COLLECTIVES, chunk_counts, compare, expect_traffic, graded, no_builtin, poisoned,
+                     ranks, ring_traffic, sent_by_learner, used_only_own, watched)
 from .grader import Task
 
 TITLE = "tensor parallelism: column and row splits, f and g, Megatron MLP, heads-split attention"
@@ -103,7 +105,7 @@ def check_column_forward(comm, fn):
     g = graded(comm, lambda: fn(comm, x, W, B))
     return (no_builtin(comm, g, "column_forward", "no communication at all")
             or compare(comm, g.out, cols(comm, x @ w + b), f"Y_{comm.rank} = x @ A_{comm.rank} + b_{comm.rank} "
-                       f"(its columns of Y)", f"x (5, 12), w (12, 24) on {comm.size} ranks",
+                       f"(its columns of Y)", f"x (5, 12), w (12, 24) on {ranks(comm.size)}",
                        owns=f"columns {lo}:{hi} of w and b (chunk_bounds(d_out, p)[comm.rank])")
             or no_message(comm, g, "the column split's forward (x is on every rank)")
             or used_only_own(comm, {"w": w_own, "b": b_own}, "column_forward"))
@@ -118,10 +120,11 @@ def check_row_forward(comm, fn):
     want = x @ w + b
     return (no_builtin(comm, g, "row_forward", INSTEAD)
             or _bias_once(comm, g.out, want, b, "Y")
-            or compare(comm, g.out, want, "Y = sum_r X_r @ A_r + b", f"x (5, 24), w (24, 12) on {comm.size} ranks",
+            or compare(comm, g.out, want, "Y = sum_r X_r @ A_r + b", f"x (5, 24), w (24, 12) on {ranks(comm.size)}",
                        owns=f"columns {lo}:{hi} of x and rows {lo}:{hi} of w")
             or one_all_reduce(comm, g, (5, 12), "partial sums X_r @ A_r")
-            or used_only_own(comm, {"x": x_own, "w": w_own}, "row_forward"))
+            or used_only_own(comm, {"x": x_own, "w": w_own}, "row_forward")
+            or sent_by_learner(comm, g, fn, "row_forward", INSTEAD, COLLECTIVES))
 
 
 def check_column_backward(comm, fn):
@@ -136,13 +139,14 @@ def check_column_backward(comm, fn):
     if comm.size > 1 and _close(dx, dy_r @ cols(comm, w).T):
         return [f"rank {comm.rank}: dx is only this rank's partial sum dY_r @ A_r^T: every rank's columns used x, "
                 f"so dx is the sum over ranks (f's backward is an all-reduce)"]
-    case, owns = f"x (5, 12), w (12, 24) on {comm.size} ranks", f"columns {lo}:{hi} of w and of dY"
+    case, owns = f"x (5, 12), w (12, 24) on {ranks(comm.size)}", f"columns {lo}:{hi} of w and of dY"
     return (no_builtin(comm, g, "column_backward", INSTEAD)
             or compare(comm, dx, dy @ w.T, "dx (the whole input gradient)", case, owns=owns)
             or compare(comm, dw, x.T @ dy_r, "dw_r = x^T dY_r (its columns of dw)", case, owns=owns)
             or compare(comm, db, dy_r.sum(0), "db_r = sum of dY_r over rows", case, owns=owns)
             or one_all_reduce(comm, g, (5, 12), "input gradient dx")
-            or used_only_own(comm, {"w": w_own}, "column_backward"))
+            or used_only_own(comm, {"w": w_own}, "column_backward")
+            or sent_by_learner(comm, g, fn, "column_backward", INSTEAD, COLLECTIVES))
 
 
 def check_row_backward(comm, fn):
@@ -154,7 +158,7 @@ def check_row_backward(comm, fn):
     if not isinstance(g.out, tuple) or len(g.out) != 3:
         return [f"rank {comm.rank}: row_backward must return a tuple (dx_r, dw_r, db), got {type(g.out).__name__}"]
     dx, dw, db = g.out
-    case, owns = f"x (5, 24), w (24, 12) on {comm.size} ranks", f"columns {lo}:{hi} of x and rows {lo}:{hi} of w"
+    case, owns = f"x (5, 24), w (24, 12) on {ranks(comm.size)}", f"columns {lo}:{hi} of x and rows {lo}:{hi} of w"
     return (no_builtin(comm, g, "row_backward", "no communication at all")
             or compare(comm, dx, cols(comm, dy @ w.T), "dx_r = dY @ A_r^T (the gradient of X_r only)", case, owns=owns)
             or compare(comm, dw, rows(comm, x.T @ dy), "dw_r = X_r^T dY (its rows of dw)", case, owns=owns)
@@ -174,11 +178,12 @@ def check_megatron_mlp(comm, fn):
     want = gelu_forward(x @ w1 + b1)[0] @ w2 + b2
     return (no_builtin(comm, g, "megatron_mlp", INSTEAD)
             or _bias_once(comm, g.out, want, b2, "Y")
-            or compare(comm, g.out, want, "Y = GeLU(x @ w1 + b1) @ w2 + b2", f"x (5, 12), hidden 48 on {comm.size} ranks",
+            or compare(comm, g.out, want, "Y = GeLU(x @ w1 + b1) @ w2 + b2", f"x (5, 12), hidden 48 on {ranks(comm.size)}",
                        owns=f"columns {lo}:{hi} of w1 and b1, rows {lo}:{hi} of w2")
             or one_all_reduce(comm, g, (5, 12), "output", "fc1's columns feed the GeLU on the same rank, so fc1 "
                                                           "needs no message")
-            or used_only_own(comm, {"w1": w1_own, "b1": b1_own, "w2": w2_own}, "megatron_mlp"))
+            or used_only_own(comm, {"w1": w1_own, "b1": b1_own, "w2": w2_own}, "megatron_mlp")
+            or sent_by_learner(comm, g, fn, "megatron_mlp", INSTEAD, COLLECTIVES))
 
 
 def check_heads_attention(comm, fn):
@@ -199,8 +204,9 @@ def check_heads_attention(comm, fn):
     g = graded(comm, lambda: fn(comm, x, Wqkv, Bqkv, Wproj, bproj, nh))
     return (no_builtin(comm, g, "heads_attention", INSTEAD)
             or _bias_once(comm, g.out, want, bproj, "the output")
-            or compare(comm, g.out, want, "the attention output", f"x (2, 5, 24), {nh} heads on {comm.size} ranks",
+            or compare(comm, g.out, want, "the attention output", f"x (2, 5, 24), {nh} heads on {ranks(comm.size)}",
                        owns=f"heads {h_lo}:{h_hi}: columns {lo}:{hi} of each of Wq, Wk, Wv (and of b_qkv), "
                             f"rows {lo}:{hi} of w_proj")
             or one_all_reduce(comm, g, (B, T, C), "output", "the heads themselves need no message")
-            or used_only_own(comm, {"w_qkv": wqkv_own, "b_qkv": bqkv_own, "w_proj": wproj_own}, "heads_attention"))
+            or used_only_own(comm, {"w_qkv": wqkv_own, "b_qkv": bqkv_own, "w_proj": wproj_own}, "heads_attention")
+            or sent_by_learner(comm, g, fn, "heads_attention", INSTEAD, COLLECTIVES))

@@ -28,17 +28,21 @@ from ..lessons.pipeline import TOLERANCE, _data, rel_error
 from ..pipeline import (Action, Schedule, ScheduleError, format_grid, gpipe, interleaved_1f1b, naive,
                         one_f_one_b, simulate, validate, zero_bubble_h1)
 from ..pipeline.execute import build_stages, peer_and_tag, reference_step, run_schedule
-from .checks import graded, no_builtin, stop
+from .checks import attempt, graded, no_builtin, stop
 from .grader import Task
 
 TITLE = "pipeline schedules, bubbles and messages"
 HERE = "minipar.labs.lab03"
 
 TASKS = [
-    Task("3.1", "GPipe schedule", "gpipe", f"{HERE}:check_gpipe", sizes=(1,)),
-    Task("3.2", "1F1B schedule", "one_f_one_b", f"{HERE}:check_one_f_one_b", sizes=(1,)),
-    Task("3.3", "bubble fraction", "bubble_fraction", f"{HERE}:check_bubble_fraction", sizes=(1,)),
-    Task("3.4", "send/recv pairing", "peer_and_tag", f"{HERE}:check_peer_and_tag"),
+    Task("3.1", "GPipe schedule", "gpipe", f"{HERE}:check_gpipe", sizes=(1,),
+         reference=("minipar.pipeline.schedules:gpipe",)),
+    Task("3.2", "1F1B schedule", "one_f_one_b", f"{HERE}:check_one_f_one_b", sizes=(1,),
+         reference=("minipar.pipeline.schedules:one_f_one_b",)),
+    Task("3.3", "bubble fraction", "bubble_fraction", f"{HERE}:check_bubble_fraction", sizes=(1,),
+         reference=("minipar.pipeline.execute:measured_bubble",)),
+    Task("3.4", "send/recv pairing", "peer_and_tag", f"{HERE}:check_peer_and_tag", budget=45,  # 4 s on 4 ranks
+         reference=("minipar.pipeline.execute:peer_and_tag",)),
 ]
 
 GPIPE_CASES = [(1, 1), (2, 1), (1, 3), (2, 3), (3, 2), (4, 4), (4, 8), (3, 7)]
@@ -282,13 +286,7 @@ def check_peer_and_tag(comm, fn):
 
 # ---------------------------------------------------------------- the exercise's demo
 
-def _try(call):
-    try:
-        return call(), None
-    except NotImplementedError as err:
-        return None, f"not implemented yet ({err})"
-    except ScheduleError as err:
-        return None, f"not a valid schedule:\n{err}"
+INVALID = {ScheduleError: "not a valid schedule"}  # what attempt() reports for a broken schedule
 
 
 def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, m=None):
@@ -307,7 +305,7 @@ def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, m=None):
                 raise ScheduleError(why)
             validate(sched)
             return sched
-        sched, why = _try(build)
+        sched, why = attempt(build, INVALID)
         if comm.rank != 0:
             if name == "1f1b" and sched is not None:
                 run_sched = sched
@@ -319,13 +317,13 @@ def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, m=None):
             run_sched = sched
         print(format_grid(sched))
         sim = simulate(sched, {"F": 1, "B": 2})
-        bubble, why = _try(lambda: bubble_fn([(e.rank, e.start, e.end) for e in sim.events], p))
+        bubble, why = attempt(lambda: bubble_fn([(e.rank, e.start, e.end) for e in sim.events], p))
         theory = Fraction(p - 1, m + p - 1)
         print(f"simulated with F=1, B=2: makespan {sim.makespan}; your bubble_fraction: "
               f"{why or f'{float(bubble):.4f}'}; theory (p-1)/(m+p-1) = {theory} = {float(theory):.4f}")
         print(f"peak activations held per rank: {sim.peak_inflight}", flush=True)
     # one training step on these ranks with the learner's pairing
-    step, why = _try(lambda: step_with_pairing(comm, run_sched, pairing_fn))
+    step, why = attempt(lambda: step_with_pairing(comm, run_sched, pairing_fn))
     if comm.rank == 0:
         if why:
             print(f"\n== a training step with your peer_and_tag: {why}")

@@ -9,7 +9,9 @@ gradients are the same draw on every rank. The rules (``minipar.labs.checks``):
   gradient (4.1) or per bucket (4.2), the all-gather of the updated shards only (4.3), a
   reduce-scatter, not an all-reduce (4.4), one all-gather per layer (4.5); a builtin or mpi4py
   collective sends 0 bytes through comm, and ``comm.builtin`` (including its object transport:
-  no state gathered through objects) is refused inside the learner's call;
+  no state gathered through objects) is refused inside the learner's call; the messages are the
+  learner's own, sent through minipar.collectives, not by minipar's answers called from the
+  exercise;
 * own data: ZeRO-1's averaged gradient is NaN outside this rank's shard, so an update of the
   whole vector (or of the wrong shard) shows;
 * memory: ZeRO-3 frees each layer's gathered weights before the next layer runs, and the bytes
@@ -29,8 +31,8 @@ import numpy as np
 from ..optim import adam_step
 from ..trace import count
 from ..xp import to_numpy
-from .checks import (Memory, chunk_counts, compare, expect_traffic, graded, held_at_most,
-                     no_builtin, poisoned, ring_traffic, stop)
+from .checks import (COLLECTIVES, Memory, chunk_counts, compare, expect_traffic, graded, held_at_most,
+                     no_builtin, poisoned, ranks, ring_traffic, sent_by_learner, stop)
 from .grader import Task
 
 TITLE = "data parallelism and ZeRO: gradient averaging, buckets, sharded Adam, gather on demand"
@@ -111,7 +113,8 @@ def check_average(comm, fn):
     return (no_builtin(comm, g, "average_gradients", INSTEAD)
             or check_list(comm, g.out, want, "average_gradients")
             or expect_traffic(comm, g, f"one ring all-reduce per gradient ({len(grads)} gradients of "
-                                       f"{[a.size for a in grads]} doubles)", nbytes, msgs))
+                                       f"{[a.size for a in grads]} doubles)", nbytes, msgs)
+            or sent_by_learner(comm, g, fn, "average_gradients", INSTEAD, COLLECTIVES))
 
 
 def expected_buckets(nbytes, cap):
@@ -145,6 +148,7 @@ def check_buckets(comm, fn):
         nbytes, msgs = all_reduce_traffic(comm, sizes)
         fails = fails or expect_traffic(comm, g, f"one ring all-reduce per bucket (buckets of {sizes} doubles, "
                                                  f"bucket_bytes={cap})", nbytes, msgs)
+        fails = fails or sent_by_learner(comm, g, fn, "bucketed_average", INSTEAD, COLLECTIVES)
         if stop(comm, fails):
             return fails
     return []
@@ -164,7 +168,7 @@ def check_zero1(comm, fn):
             run = graded(comm, lambda: fn(comm, param.copy(), mine_only, m, v, step, LR))
             got = run.out
             adam_step(ref, g, ref_m, ref_v, step, LR)
-            case = f"n={n} on {p} ranks, step {step}; padded to {n_pad}, shard of rank k = [k*{S}, (k+1)*{S})"
+            case = f"n={n} on {ranks(p)}, step {step}; padded to {n_pad}, shard of rank k = [k*{S}, (k+1)*{S})"
             fails = no_builtin(comm, run, "zero1_update", INSTEAD)
             if not fails and got is not None and np.shape(got) == (n_pad,) and n_pad != n:
                 fails = [f"rank {r}: returned {n_pad} elements, the padded vector ({case}): strip the padding, "
@@ -183,6 +187,7 @@ def check_zero1(comm, fn):
             fails = fails or expect_traffic(comm, run, f"the ring all-gather of the updated shards ({case})", nbytes,
                                             msgs, hint="the gradient is already averaged: do not reduce it again; "
                                                        "gather the p updated shards of S elements once")
+            fails = fails or sent_by_learner(comm, run, fn, "zero1_update", INSTEAD, COLLECTIVES)
             if stop(comm, fails):
                 return fails
             param = ref.copy()
@@ -198,7 +203,7 @@ def check_zero2(comm, fn):
         want = padded(comm.builtin.all_reduce(grad), p)[r * S:(r + 1) * S] / p
         run = graded(comm, lambda: fn(comm, grad.copy()))
         got = run.out
-        case = f"n={n} on {p} ranks; padded to {n_pad}, rank {r}'s shard = [{r * S}, {(r + 1) * S})"
+        case = f"n={n} on {ranks(p)}; padded to {n_pad}, rank {r}'s shard = [{r * S}, {(r + 1) * S})"
         hint = average_mistake(comm, got, want)
         fails = no_builtin(comm, run, "zero2_grad_shard", INSTEAD) or (
             [hint] if hint else compare(comm, got, want, "this rank's shard of the averaged gradient", case, offset=r * S))
@@ -208,6 +213,7 @@ def check_zero2(comm, fn):
         nbytes, msgs = shard_traffic(comm, S)
         fails = fails or expect_traffic(comm, run, f"a ring reduce-scatter of the padded gradient ({case})", nbytes, msgs,
                                         hint="an all-reduce sends twice that, and ZeRO-2 needs only the shard")
+        fails = fails or sent_by_learner(comm, run, fn, "zero2_grad_shard", INSTEAD, COLLECTIVES)
         if stop(comm, fails):
             return fails
     return []
@@ -263,4 +269,4 @@ def check_zero3(comm, fn):
                                   f"ZeRO-3 holds one layer's full weights at a time: twice the largest layer "
                                   f"({biggest} bytes, padded) + {SLACK} for activations and bookkeeping; every "
                                   f"layer at once is {everything}")
-    return fails
+    return fails or sent_by_learner(comm, run, fn, "zero3_forward", INSTEAD, COLLECTIVES)

@@ -17,7 +17,8 @@ the learner's ``train_step``:
   rank's shard (float64, 1e-12: only the order of the sums differs), with the typical mistakes
   named: gradients not zeroed, summed instead of averaged, the tied gradient not summed, an
   array replaced instead of written into;
-* ``comm.builtin`` is refused.
+* ``comm.builtin`` is refused, and every message besides the pipeline's (the grader's callback)
+  must be the learner's own: sent by their code, through minipar.collectives at most.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import numpy as np
 from ..nn.functional import cross_entropy
 from ..trace import SEND_KINDS
 from ..xp import to_numpy
-from .checks import chunk_counts, compare, graded, no_builtin, ring_traffic, stop
+from .checks import COLLECTIVES, chunk_counts, compare, graded, no_builtin, ring_traffic, sent_by_learner, stop
 
 INSTEAD = "minipar.collectives (all_reduce, ...: rings on send/recv) or comm.sendrecv"
 
@@ -167,7 +168,7 @@ def check_train_step(comm, fn):
         grads = list(st.grads)
         run = graded(comm, lambda: fn(st.tr.grid, st.pipeline, grads, st.tied))
         fails = (no_builtin(comm, run, "train_step", INSTEAD) or step_traffic(comm, run, st)
-                 or step_values(comm, st, grads))
+                 or step_values(comm, st, grads) or sent_by_learner(comm, run, fn, "train_step", INSTEAD, COLLECTIVES))
         if stop(comm, fails):
             return fails
     return []

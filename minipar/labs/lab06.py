@@ -17,7 +17,9 @@ list of failure messages saying where the result differs or which rule was broke
   still open (the trace's irecv spans post to wait); waiting first, or gathering every block
   first (the same bytes as the ring!), fails;
 * traffic: exactly p-1 K|V messages to the right neighbour (ring), exactly (p-1)/p of q, k, v
-  and of the output (Ulysses); a builtin sends 0 bytes through comm, ``comm.builtin`` is refused.
+  and of the output (Ulysses); a builtin sends 0 bytes through comm, ``comm.builtin`` is refused;
+  every message is the learner's own (sent by their code, through minipar.collectives at most),
+  not made by minipar's context-parallel attention called from the exercise.
 
 Sizes are small (t = 2 or 3 positions per rank) and every world size runs both masks.
 """
@@ -31,7 +33,7 @@ import numpy as np
 from ..context_parallel.blocks import block_attention
 from ..nn.functional import attention_forward
 from ..xp import to_numpy
-from .checks import compare, expect_traffic, graded, no_builtin, stop
+from .checks import COLLECTIVES, compare, expect_traffic, graded, no_builtin, ranks, sent_by_learner, stop
 from .grader import Task
 
 TITLE = "long sequences and many experts: online softmax, ring attention, Ulysses, MoE routing and dispatch"
@@ -217,7 +219,7 @@ def check_ring_attention(comm, fn):
         want = mine(attention_forward(q, k, v, causal=causal)[0], r, t)
         attend = Attend([(mine(k, j, t), mine(v, j, t)) for j in range(p)])
         g = graded(comm, lambda: fn(comm, mine(q, r, t), mine(k, r, t), mine(v, r, t), attend, causal))
-        case = f"T={p * t}, {t} positions per rank, {'causal' if causal else 'no mask'}, on {p} ranks"
+        case = f"T={p * t}, {t} positions per rank, {'causal' if causal else 'no mask'}, on {ranks(p)}"
         block = 2 * B * nh * t * hs  # doubles in one K|V message
         fails = (no_builtin(comm, g, "ring_attention", INSTEAD)
                  or ring_blocks(comm, attend.calls, t, causal, case)
@@ -226,7 +228,8 @@ def check_ring_attention(comm, fn):
                                             f"step, to the right)", (p - 1) * block * 8, p - 1, [(r + 1) % p],
                                    hint="p-1 steps, each passing the K|V block you hold to the right as one message "
                                         "(np.stack([k, v])); the last block stays where it is")
-                 or ring_overlap(comm, g.events, attend.calls, case))
+                 or ring_overlap(comm, g.events, attend.calls, case)
+                 or sent_by_learner(comm, g, fn, "ring_attention", INSTEAD, COLLECTIVES))
         if stop(comm, fails):
             break
     return fails
@@ -273,14 +276,15 @@ def check_ulysses(comm, fn):
         want = mine(attention_forward(q, k, v, causal=causal)[0], r, t)
         attend = Attend()
         g = graded(comm, lambda: fn(comm, mine(q, r, t), mine(k, r, t), mine(v, r, t), attend, causal))
-        case = f"B={B}, {nh} heads, T={p * t}, {t} positions per rank, {'causal' if causal else 'no mask'}, on {p} ranks"
+        case = f"B={B}, {nh} heads, T={p * t}, {t} positions per rank, {'causal' if causal else 'no mask'}, on {ranks(p)}"
         fails = (no_builtin(comm, g, "ulysses_attention", "minipar.collectives.all_to_all")
                  or heads_layout(comm, attend.calls, (q, k, v), h, causal, case)
                  or compare(comm, g.out, want, f"the attention output of positions {r * t}:{(r + 1) * t}", case)
                  or expect_traffic(comm, g, "Ulysses (all-to-alls sending (p-1)/p of q, k, v and of the output)",
                                    4 * (p - 1) * B * h * t * hs * 8,
                                    hint="each all-to-all keeps the 1/p of its input it will own and sends every "
-                                        "other rank its heads; gathering whole arrays sends p times as much"))
+                                        "other rank its heads; gathering whole arrays sends p times as much")
+                 or sent_by_learner(comm, g, fn, "ulysses_attention", "minipar.collectives.all_to_all", COLLECTIVES))
         if stop(comm, fails):
             break
     return fails

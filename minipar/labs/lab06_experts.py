@@ -16,6 +16,9 @@ capacity and the same drops as the ranks). The rules:
   them shows), the output is the dense MoE's, the traffic is the dispatch's and the combine's
   exactly, and a row that comes back to the wrong token is traced to the (rank, token, expert)
   it belongs to.
+
+Every message is the learner's own (sent by their code, through minipar.collectives at most), not
+made by minipar's expert-parallel layer (``minipar.experts``) called from the exercise.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from ..experts.routing import capacity, kept_order, route
 from ..lessons.experts import make_moe
 from ..nn.functional import gelu_forward
 from ..xp import to_numpy
-from .checks import compare, expect_traffic, graded, no_builtin, stop
+from .checks import COLLECTIVES, compare, expect_traffic, graded, no_builtin, ranks, sent_by_learner, stop
 
 INSTEAD = "minipar.collectives.all_to_all / all_to_all_v (pairwise send/recv)"
 ROUTE_CASES = [(12, 4, 1, 1.0), (12, 6, 2, 1.0), (10, 4, 2, 0.75), (9, 3, 2, 1.5)]  # N, E, k, capacity factor
@@ -84,7 +87,7 @@ def check_route(comm, fn):
         probs = probabilities(r, N, E)
         want = route(probs, k, capacity(N, E, k, f))
         g = graded(comm, lambda: fn(comm, probs.copy(), k, f))
-        case = f"N={N} tokens per rank, E={E}, top-{k}, capacity factor {f}, on {comm.size} ranks"
+        case = f"N={N} tokens per rank, E={E}, top-{k}, capacity factor {f}, on {ranks(comm.size)}"
         fails = no_builtin(comm, g, "route", "no communication at all")
         if not fails and (not isinstance(g.out, (tuple, list)) or len(g.out) != 2):
             fails = [f"rank {r}: route must return (choice, keep), got {type(g.out).__name__} ({case})"]
@@ -188,14 +191,15 @@ def check_dispatch(comm, fn):
         order, experts = sent_rows(choice, keep, E)
         own = np.bincount(experts, minlength=E).reshape(p, E // p)
         g = graded(comm, lambda: fn(comm, x.copy(), choice.copy(), keep.copy(), E))
-        case = f"N={N} tokens per rank, C={C}, E={E} experts, top-{k}, on {p} ranks"
+        case = f"N={N} tokens per rank, C={C}, E={E} experts, top-{k}, on {ranks(p)}"
         fails = no_builtin(comm, g, "dispatch", INSTEAD)
         if not fails and (not isinstance(g.out, (tuple, list)) or len(g.out) != 2):
             fails = [f"rank {r}: dispatch must return (rows, counts), got {type(g.out).__name__} ({case})"]
         if not fails:
             rows, counts = (np.asarray(to_numpy(a)) for a in g.out)
             fails = (dispatch_mistake(comm, rows, counts, want_rows, want_counts, own, case)
-                     or dispatch_traffic(comm, g, int(own.sum() - own[r].sum()), E, C))
+                     or dispatch_traffic(comm, g, int(own.sum() - own[r].sum()), E, C)
+                     or sent_by_learner(comm, g, fn, "dispatch", INSTEAD, COLLECTIVES))
         if stop(comm, fails):
             break
     return fails
@@ -244,7 +248,7 @@ def check_moe_forward(comm, fn):
         handed = [w if e // El == r else tuple(np.full_like(a, np.nan) for a in w) for e, w in enumerate(experts)]
         x = x_all[r * N:(r + 1) * N].copy()
         g = graded(comm, lambda: fn(comm, x, dense.router.params["w"].copy(), handed, k, 1.0))
-        case = f"N={N} tokens per rank, C={C}, E={E} experts, top-{k}, capacity factor 1.0, on {p} ranks"
+        case = f"N={N} tokens per rank, C={C}, E={E} experts, top-{k}, capacity factor 1.0, on {ranks(p)}"
         rt = ctx["routing"]
         dest = [sent_rows(rt.choice[i * N:(i + 1) * N], rt.keep[i * N:(i + 1) * N], E)[1] // El for i in range(p)]
         moved = int((dest[r] != r).sum()) + sum(int((d == r).sum()) for i, d in enumerate(dest) if i != r)
@@ -253,7 +257,8 @@ def check_moe_forward(comm, fn):
             fails = wrong_row(comm, to_numpy(g.out), x_all, to_numpy(ctx["probs"]), rt, experts, case, N)
         fails = (fails or compare(comm, g.out, y_all[r * N:(r + 1) * N], "the MoE output of your tokens", case,
                                   owns=f"experts {r * El}:{(r + 1) * El} (its E/p of the E experts; the others are NaN)")
-                 or dispatch_traffic(comm, g, moved, E, C, combine=True))
+                 or dispatch_traffic(comm, g, moved, E, C, combine=True)
+                 or sent_by_learner(comm, g, fn, "moe_forward", INSTEAD, COLLECTIVES))
         if stop(comm, fails):
             break
     return fails

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..pipeline import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble_h1
 from ..pipeline.schedules import inflight_profile
+from .checks import attempt
 from .lab07 import Watch, call_watched, reference_activation_bytes, refused
 
 
@@ -141,13 +142,6 @@ def check_choose_config(comm, fn):
 
 # ---------------------------------------------------------------- the exercise's demo
 
-def _try(call):
-    try:
-        return call(), None
-    except NotImplementedError as err:
-        return None, f"not implemented yet ({err})"
-
-
 def demo(comm, activation_fn, inflight_fn, time_fn, choose_fn, per_node=2, slowdown=20.0):
     """What ``mpiexec -n P python -m mpi4py labs/07_planning/exercise.py`` shows, yours beside the
     planner's: a GPT-3 block's activations under each strategy; the activations in flight per rank
@@ -163,16 +157,16 @@ def demo(comm, activation_fn, inflight_fn, time_fn, choose_fn, per_node=2, slowd
         for label, tt, sp, rec in (("no parallelism", 1, False, "none"), ("TP=8", t, False, "none"),
                                    ("TP=8 + SP", t, True, "none"), ("TP=8 + SP + selective", t, True, "selective"),
                                    ("TP=8 + SP + full recompute", t, True, "full")):
-            got, why = _try(lambda: activation_fn(s, b, h, a, tt, sp, rec))
+            got, why = attempt(lambda: activation_fn(s, b, h, a, tt, sp, rec))
             want = reference_activation_bytes(s, b, h, a, tt, sp, rec)
             print(f"  {label:<28} {why or f'{got / 1e6:10.1f}'} | {want / 1e6:10.1f}")
         print(f"\n== activations in flight per rank, p={p} stages, m={2 * p} micro-batches: yours | the schedule's")
         for sched in (gpipe(p, 2 * p), one_f_one_b(p, 2 * p), interleaved_1f1b(p, 2 * p, 2), zero_bubble_h1(p, 2 * p)):
-            got, why = _try(lambda: inflight_fn([list(ops) for ops in sched.actions]))
+            got, why = attempt(lambda: inflight_fn([list(ops) for ops in sched.actions]))
             want = [max(inflight_profile(ops)) for ops in sched.actions]
             print(f"  {sched.name:<12} v={sched.chunks}  {why or got} | {want}")
         label, job, table = case(1)
-        got, why = _try(lambda: choose_fn(dict(job), predictor(job, table, Watch(), [])))
+        got, why = attempt(lambda: choose_fn(dict(job), predictor(job, table, Watch(), [])))
         fitting = {c: e for c, e in table.items() if e.memory_bytes <= job["capacity_bytes"]}
         best = min(fitting, key=lambda c: fitting[c].step_s)
         print(f"\n== a configuration for {label}: yours {why or got}\n   the planner's best: {describe(best)} "
@@ -185,7 +179,7 @@ def demo(comm, activation_fn, inflight_fn, time_fn, choose_fn, per_node=2, slowd
     measured = two_level_runs(comm, per_node, nbytes, slowdown=slowdown)
     if comm.rank == 0:
         pred = two_level_predicted(comm.size, per_node, nbytes, slowdown=slowdown)
-        yours, why = _try(lambda: time_fn(nbytes, comm.size, per_node, pred["intra"], pred["inter"]))
+        yours, why = attempt(lambda: time_fn(nbytes, comm.size, per_node, pred["intra"], pred["inter"]))
         print(f"\n== all-reduce of {nbytes / 2**20:.0f} MiB on {comm.size} ranks as nodes of {per_node}, links "
               f"emulated {slowdown:g}x slower (nvlink inside, ethernet between), ms:\n"
               f"  two-level: measured {measured['two-level'] * 1e3:.1f}, yours "

@@ -75,3 +75,16 @@ def usage_error_on(comm, rank=1):
         raise UsageError(f"tp={comm.size + 1}: the tensor-parallel size must divide the world size {comm.size}")
     comm.barrier()
     return comm.rank
+
+
+def past_its_budget(comm, seconds=1.0):
+    """A stretch of work with a time budget (``comm.watchdog.within``) that rank 0 never finishes:
+    it sleeps, outside any communication, while the others wait for it in a barrier. The
+    watchdog ends the job at the budget, with the line rank 0 was running."""
+    import time
+
+    with comm.watchdog.within("the planted stretch", seconds):
+        if comm.rank == 0:
+            time.sleep(600)
+        comm.barrier()
+    return comm.rank

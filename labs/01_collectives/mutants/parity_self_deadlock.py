@@ -5,7 +5,7 @@ the right neighbour is the rank itself: an (even) rank that sends to itself befo
 waits forever, because a synchronous send needs its receive to start.
 
 EXPECT_TASK: 1.1
-EXPECT_MESSAGE: hangs on 1 ranks
+EXPECT_MESSAGE: hangs on 1 rank (deadlock or a send without its recv)
 EXPECT_MESSAGE: rank 0: blocked in send to rank 0 tag 0
 """
 import numpy as np

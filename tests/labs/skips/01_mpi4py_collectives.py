@@ -2,7 +2,7 @@
 (comm.mpi), outside comm: nothing goes through comm, so nothing is traced or recorded as
 builtin. The exact traffic catches every one of them.
 
-EXPECT 1.1: rank 0 sent 0 bytes through comm; passing x (1 double) to the right neighbour on 1 ranks sends 8: did you use a builtin collective
+EXPECT 1.1: rank 0 sent 0 bytes through comm; passing x (1 double) to the right neighbour on 1 rank sends 8: did you use a builtin collective
 EXPECT 1.2: rank 1 received 0 messages (root 0, n=1 on 2 ranks); in a broadcast every rank but the root receives the data exactly once: did you use a builtin collective
 EXPECT 1.3: rank 0 sent 0 bytes through comm; a ring reduce-scatter of 4 doubles on 2 ranks sends 16
 EXPECT 1.4: rank 0 sent 0 bytes through comm; a ring all-gather of 4 doubles on 2 ranks sends 16
