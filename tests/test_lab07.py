@@ -4,7 +4,7 @@ refused, the planner is refused behind any wrapper, and 7.4's space is exactly w
 allow."""
 import pytest
 
-from minipar.labs import lab07, lab07_choose as choose
+from minipar.labs import lab07, lab07_reference, lab07_choose as choose
 from minipar.labs import lab07_solution as S
 from minipar.plan.memory import stored_activations  # noqa: F401  (called by a wrapped "solution" below)
 
@@ -35,9 +35,9 @@ ACT_MISTAKES = ["no split of the 10 sbh", "everything split by t", "nothing spli
 @pytest.mark.parametrize("key", ACT_MISTAKES)
 def test_every_activation_mistake_is_caught_and_named(key):
     cases = [tuple(c) for c in lab07.ACT_CASES]
-    table = answers(cases, lab07.activation_mistakes, key, lab07.reference_activation_bytes)
+    table = answers(cases, lab07.activation_mistakes, key, lab07_reference.reference_activation_bytes)
     assert table, f"no case tells {key!r} from the answer"
-    right = {c: lab07.reference_activation_bytes(*c) for c in cases}
+    right = {c: lab07_reference.reference_activation_bytes(*c) for c in cases}
     fails = lab07.check_activation_bytes(None, wrong_from(table, right))
     assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
 
@@ -140,7 +140,7 @@ def test_choose_config_refuses_what_does_not_fit_is_invalid_or_slow():
     assert "tp=16 crosses the node" in choose.check_choose_config(None, picking((16, 1, 2, 1, "none"), 2))[0]
     assert "expected a dict" in choose.check_choose_config(None, lambda job, predict: (1, 1, 8, 1, "none"))[0]
     with pytest.raises(ValueError, match="pp=8 does not divide the 36 layers"):
-        choose.predictor(job, table, lab07.Watch(), [])(1, 8, 1, 1, "none")
+        choose.predictor(job, table, lab07_reference.Watch(), [])(1, 8, 1, 1, "none")
 
 
 @pytest.mark.parametrize("i", range(len(choose.CHOOSE_CASES)))

@@ -3,7 +3,7 @@
 The learner searches a small space (tp within a node, pp, dp, micro-batch, recompute; 1F1B, no
 ZeRO, no context parallelism, sequence parallelism with tp > 1) with ``predict``, the planner's
 memory and step time of one configuration, handed in (the one door to the planner: a call into
-``minipar.plan`` is refused, see ``lab07.Watch``). The choice must be a valid configuration, fit
+``minipar.plan`` is refused, see ``lab07_reference.Watch``). The choice must be a valid configuration, fit
 in a GPU's memory (one that does not is rejected however fast it would be), and be within 1% of
 the best step of the space that fits. The space is computed once per case from the planner's
 search columns, every pipeline simulated.
@@ -17,7 +17,7 @@ import numpy as np
 from ..pipeline import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble_h1
 from ..pipeline.schedules import inflight_profile
 from .checks import attempt
-from .lab07 import Watch, call_watched, reference_activation_bytes, refused
+from .lab07_reference import Watch, call_watched, reference_activation_bytes, refused
 
 
 Estimate = namedtuple("Estimate", "memory_bytes step_s")
