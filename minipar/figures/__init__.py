@@ -1,6 +1,6 @@
 """Figure generators: each module has make(outdir) -> [paths]; `minipar figures` runs them all.
 
-Every figure draws through :func:`pyplot` (matplotlib, imported only when a figure is drawn, on
+Every figure draws through :func:`pyplot` and writes through :func:`save` (matplotlib, imported only when a figure is drawn, on
 the Agg backend: files, no window), and reports the runs it waits for with :func:`progress`.
 """
 
@@ -13,6 +13,15 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save(fig, path, dpi: int = 110, tight: bool = False) -> str:
+    """Write ``fig`` to ``path`` (laid out first if ``tight``), close it, and return the path as a str."""
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return str(path)
 
 
 def progress(what: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import pyplot
+from . import pyplot, save
 
 RUNS = [("block", 2), ("block", 4), ("vocab", 2), ("vocab", 4)]
 QUICK = dict(sizes={"B": 4, "T": 16, "C": 32, "H": 64}, budget=1.0, reps=1)
@@ -107,9 +107,7 @@ def plot_strategy(reports, path):
                      f"per step (* = the weight gradient needs a collective)", fontsize=10)
     fig.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="lower center", ncol=3, fontsize=9)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def plot_sim_vs_measured(reports, path):
@@ -149,9 +147,7 @@ def plot_sim_vs_measured(reports, path):
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def make(outdir, reports=None, quick=False, backend="mpi", device=None, **_):

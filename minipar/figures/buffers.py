@@ -18,7 +18,7 @@ import sys
 from ..bench.buffers import reuse_cost
 from ..launcher import launch
 from ..lessons.buffers import per_rank, prefetch_timeline
-from . import progress, pyplot
+from . import progress, pyplot, save
 
 N = 4
 
@@ -54,9 +54,7 @@ def plot_per_rank(per_rank, reuse, path):
     bx.set_ylabel("time reallocated / reused (median)")
     bx.set_title(f"Ring all-reduce on {N} ranks: receive buffer\nreallocated every step vs reused", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def plot_prefetch(res, path):
@@ -101,9 +99,7 @@ def plot_prefetch(res, path):
                  f"{res['batch']}, {N} ranks (MPI): prefetch gathers the next layer while this one computes;\n"
                  "two gathered buffers are then alive at once (double buffering)", fontsize=10)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def figure_runs(comm, quick=False):

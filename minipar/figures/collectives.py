@@ -11,7 +11,7 @@ import numpy as np
 from .. import costmodel as M
 from ..bench import collectives as B
 from ..launcher import launch
-from . import progress, pyplot
+from . import progress, pyplot, save
 
 
 def plot_ring_steps(path, walk, title="Ring all-reduce on 4 ranks, step by step"):
@@ -47,9 +47,7 @@ def plot_ring_steps(path, walk, title="Ring all-reduce on 4 ranks, step by step"
     axes[0].set_yticks(np.arange(len(labels)) + 0.5, labels, fontsize=8)
     fig.suptitle(title + "\n(thick frame: the chunk received in that step; after reduce-scatter rank r owns chunk r)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def plot_busbw(result, path):
@@ -77,9 +75,7 @@ def plot_busbw(result, path):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path, dpi=120)
 
 
 def make(outdir, quick=False, backend="mpi", device=None):

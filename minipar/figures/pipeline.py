@@ -18,7 +18,7 @@ import os
 
 from ..lessons.pipeline import profile
 from ..pipeline import Costs, gpipe, make_schedule, one_f_one_b, simulate, theory_bubble_fraction
-from . import progress, pyplot
+from . import progress, pyplot, save
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
 LABELS = {"F": "F: forward", "B": "B: backward (full)", "I": "I: backward, input grad",
@@ -77,9 +77,7 @@ def save_timeline(path, sim_result, title: str | None = None):
     fig, ax = plt.subplots(figsize=(width, 0.5 * sim_result.schedule.ranks + 1.6))
     plot_timeline(ax, sim_result, title)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=130)
 
 
 def plot_schedules(path, p: int = 4, m: int = 8, v: int = 2):
@@ -109,9 +107,7 @@ def plot_schedules(path, p: int = 4, m: int = 8, v: int = 2):
     fig.suptitle(f"Pipeline schedules on {p} ranks, {m} micro-batches (F=1, B=I+W=2); "
                  f"grey = idle rank (bubble)")
     fig.subplots_adjust(left=0.07, right=0.83, top=0.93, bottom=0.06, hspace=0.5)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=130)
 
 
 def plot_bubble_vs_microbatches(path, p: int = 4, ms=(1, 2, 4, 8, 16, 32), v: int = 2,
@@ -157,9 +153,7 @@ def plot_bubble_vs_microbatches(path, p: int = 4, ms=(1, 2, 4, 8, 16, 32), v: in
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=130)
 
 
 def plot_inflight_memory(path, p: int = 4, m: int = 8):
@@ -181,9 +175,7 @@ def plot_inflight_memory(path, p: int = 4, m: int = 8):
     ax.set_title(f"Activation memory: GPipe vs 1F1B, p={p}, m={m}", fontsize=10)
     ax.legend(title="schedule", loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=130)
 
 
 def plot_measured_vs_simulated(path, measured, simulated, note: str = ""):
@@ -207,9 +199,7 @@ def plot_measured_vs_simulated(path, measured, simulated, note: str = ""):
     axes[1].set_xlabel("time (ms)")
     fig.suptitle(f"Pipeline timeline, measured vs simulated {note}".rstrip(), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=130)
 
 
 def figure_runs(comm, ms=(2, 4, 8), width=256, b=64, repeats=2):

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..lessons.common import rel_error
 from ..lessons.pipeline_async import LRS, SCHEMES, TASK, best, best_lrs, sweep
-from . import progress, pyplot
+from . import progress, pyplot, save
 
 
 def experiment(quick=False, ps=(2, 4, 8), backend="mpi", device=None, say=print) -> dict:
@@ -202,9 +202,7 @@ def plot_sync_vs_async(path, data):
     fig.suptitle("Synchronous (flush) vs asynchronous (PipeDream) pipelines: convergence, staleness, memory, speed",
                  fontsize=12)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def make(outdir, quick=False, backend="mpi", device=None):

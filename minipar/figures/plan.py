@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from . import pyplot
+from . import pyplot, save
 
 HERE_RUN = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "planner_here.json")
 
@@ -78,9 +78,7 @@ def heatmap(out, res, path, title):
     fig.colorbar(im, ax=ax, label="predicted TFLOP/s per GPU (executed)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=120)
 
 
 def memory_bars(out, res, path, title):
@@ -133,14 +131,9 @@ def here(path, run=HERE_RUN):
 
 def _save(fig, ax, path, title):
     """Legend and title, then the figure written to ``path`` and closed."""
-    plt = pyplot()
-
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=120, tight=True)
 
 
 def make(outdir="figures", quick=False, **_):

@@ -20,18 +20,11 @@ import sys
 import numpy as np
 
 from ..lessons import context_parallel, experts
-from . import pyplot
+from . import pyplot, save
 
 
 N = 4
 
-
-def _save(fig, path):
-    """Lay out, write and close ``fig``; returns ``path``."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
 
 
 def plot_ring_steps(schedule, path, p=N):
@@ -53,7 +46,7 @@ def plot_ring_steps(schedule, path, p=N):
     ax.set_yticks(np.arange(p) + 0.45, [f"rank {r}\nq chunks {lay.chunk_ids(r)}" for r in range(p)])
     ax.set_title(f"Ring attention on {p} ranks (zigzag, {2 * p} chunks): the K/V block each rank holds per step\n"
                  "(read from the trace of a real run; during step s the next block is already on its way)", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 def plot_balance(balance, path):
@@ -81,7 +74,7 @@ def plot_balance(balance, path):
     ax.legend(fontsize=8)
     fig.suptitle("Causal ring attention: the contiguous split leaves early ranks idle, zigzag evens the work "
                  "(measured; see docs for the conditions)", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 def plot_dispatch(dispatch, path):
@@ -106,7 +99,7 @@ def plot_dispatch(dispatch, path):
     ax.set_title(f"One dispatch: tokens from rank i to expert j (capacity {dispatch[0]['capacity']} per rank "
                  f"and expert)", fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.03)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 def plot_tokens_per_expert(training, path):
@@ -128,7 +121,7 @@ def plot_tokens_per_expert(training, path):
     r = next(iter(training.values()))
     fig.suptitle(f"Tokens per expert over EP training: {r['E']} experts, top-{r['k']}, dp = ep = {r['dp']} ranks "
                  "(the Switch load-balancing loss pulls the load towards uniform)", fontsize=10)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 def numbers(res):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from . import pyplot
+from . import pyplot, save
 
 QUICK_SIZES = (16, 256, 1024)
 
@@ -47,9 +47,7 @@ def _panels(records, ylabel, title, value, ideal=False, path="tp.png"):
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def plot_speedup(records, path):

@@ -34,7 +34,7 @@ import sys
 import numpy as np
 
 from ..lessons.train import first_ranks, grid_rows, label, make_config, row, wait_politely
-from . import pyplot
+from . import pyplot, save
 
 N = 8
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -43,12 +43,6 @@ LANES = ("compute", "tp", "pp", "dp")
 LANE_COLORS = {"tp": "#C44E52", "pp": "#E69F00", "dp": "#8172B3", "emb": "#937860"}
 ACTION_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D96A"}
 
-
-def _save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return str(path)
 
 
 def short(label):
@@ -82,7 +76,7 @@ def plot_curves(data, path):
     fig.suptitle(f"Every {N}-rank dp x pp x tp grid trains the one-process GPT: the same losses, step by step\n"
                  "(only the order of the sums differs: TP all-reduces, micro-batch accumulation, DP averaging)",
                  fontsize=10)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 def plot_memory(data, path):
@@ -116,7 +110,7 @@ def plot_memory(data, path):
     ax.set_title("Activation memory per grid and recompute mode, counted from the arrays each rank holds between "
                  "pipeline actions:\nequal to the formula on every rank, to the byte (float64"
                  + ("; a grid without a bar was not run in that mode)" if missing else ")"), fontsize=9)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 def plot_timeline(data, path):
@@ -163,7 +157,7 @@ def plot_timeline(data, path):
     ax.set_title(f"One traced step of {data['traced']} on {len(ranks)} ranks: the TP all-reduces inside every "
                  "forward and backward,\nthe activations between the stages, then after the flush the tied sum "
                  "(first and last stage) and the DP average, once", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 def plot_tokens_per_s(bench, path):
@@ -188,7 +182,7 @@ def plot_tokens_per_s(bench, path):
                  f"batch {bench['batch']}, {bench['cores']} cores, float64; ratios over the one-process run of the "
                  f"same job\n{bench.get('note', 'see docs/benchmarks_train.md for the conditions of the run')}",
                  fontsize=9)
-    return _save(fig, path)
+    return save(fig, path, tight=True)
 
 
 # --------------------------------------------------------------------------- the run (rank side)

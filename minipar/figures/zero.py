@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from ..launcher import launch
-from . import progress, pyplot
+from . import progress, pyplot, save
 
 N = 4
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
@@ -51,9 +51,7 @@ def plot_memory(records, path, n=N):
                  fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def plot_traffic(records, path, n=N):
@@ -74,9 +72,7 @@ def plot_traffic(records, path, n=N):
                  "ZeRO-1/2 cost what DDP costs; ZeRO-3 gathers the weights twice: +50%", fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def plot_overlap(res, path, backend):
@@ -108,9 +104,7 @@ def plot_overlap(res, path, backend):
                  f"all-reduce inside the backward\nsaved per step: {res['saved'] * 1e3:.1f} ms "
                  f"(exposed communication {res['exposed_saved'] * 1e3:.1f} ms less)", fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def plot_dp_vs_ddp(res, path):
@@ -138,9 +132,7 @@ def plot_dp_vs_ddp(res, path):
                  f"Psi = {res['DP']['psi']}, float64\nstep time (median): DP {res['DP']['step_time'] * 1e3:.1f} ms, "
                  f"DDP {res['DDP']['step_time'] * 1e3:.1f} ms", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save(fig, path)
 
 
 def measure(quick=False, overlap_backend=None):
