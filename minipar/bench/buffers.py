@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from ..records import write_json
 from ..collectives import drain, ring_steps
 from ..lessons.buffers import counted
 from ..lessons.collectives import draw
@@ -65,7 +66,6 @@ def reuse_cost(comm, sizes=(1 << 10, 1 << 16, 1 << 20, 1 << 23), pairs=7, calls=
 def main(argv=None) -> int:
     """``python -m minipar.bench.buffers [--json FILE]``: the reuse benchmark on 4 ranks (MPI)."""
     import argparse
-    import json
 
     from ..launcher import launch
 
@@ -82,9 +82,7 @@ def main(argv=None) -> int:
               f"{r['allocations']['reused']:>3}/{r['allocations']['reallocated']:<3} "
               f"{r['page_faults']['reused']:>7.0f}/{r['page_faults']['reallocated']:<7.0f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"reuse": reuse}, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, {"reuse": reuse})
     return 0
 
 

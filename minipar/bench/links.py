@@ -9,6 +9,7 @@ this prints them against the planner's "this machine" preset with the emulated l
 """
 from __future__ import annotations
 
+from ..records import write_json
 from ..lessons.planning import feel, feel_summary
 
 
@@ -27,9 +28,5 @@ def bench_links(args) -> int:
     for line in feel_summary(rows):
         print(line)
     if args.json:
-        import json
-
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, rows)
     return 0

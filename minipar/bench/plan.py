@@ -30,12 +30,12 @@ all grids and over the 8-rank ones, and the three fastest of each.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 
 import numpy as np
 
+from ..records import write_json
 from ..plan.predict import MEMORY_KEYS, memory_errors, predict_run
 from .train import GRIDS, train_config
 
@@ -169,9 +169,7 @@ def cmd_here(args) -> int:
         raise UsageError(f"--machine {args.machine}: no such file (write one with `minipar bench machine --out FILE`)")
     res = validate(args.steps, args.machine)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, res)
     return 0
 
 

@@ -20,11 +20,12 @@ Ratios are taken within the run: every row's tokens/s over the baseline's.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import numpy as np
+
+from ..records import write_json
 
 GRIDS = [(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 8, 1), (1, 4, 2), (1, 2, 4),
          (1, 1, 8), (1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2)]
@@ -142,9 +143,6 @@ def run(args) -> int:
     decode = gen.results[0][-1]["times"]
     print("\ngreedy decoding, batch 1, KV cache: " + ", ".join(f"TP={k}: {v * 1e3:.2f} ms/token" for k, v in decode.items()))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": m.as_dict(), "batch": base.batch, "steps": args.steps, "matmul_flops": rate,
-                       "cores": cores, "rows": rows, "recompute": recompute,
-                       "decode_s_per_token": decode}, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, {"model": m.as_dict(), "batch": base.batch, "steps": args.steps, "matmul_flops": rate,
+                               "cores": cores, "rows": rows, "recompute": recompute, "decode_s_per_token": decode})
     return 0

@@ -16,7 +16,8 @@ import sys
 
 from ..autoparallel.models import PRESETS
 from ..errors import UsageError
-from .common import lesson_run_parser, run_and_report, write_json
+from ..records import write_json
+from .common import lesson_run_parser, run_and_report
 
 SIZE_FLAGS = ("B", "T", "C", "H", "V", "n_heads")
 

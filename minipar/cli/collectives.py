@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, parse_size, ranks, relaunch, run_and_report, strip_n,
-                     with_example, write_json)
+from ..records import write_json
+from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, parse_size, ranks, relaunch, run_and_report, strip_n, with_example)
 
 
 def add_verbs(verbs):

@@ -7,13 +7,13 @@ A lesson's verbs live in ``minipar/cli/<lesson>.py``, one module per lesson, eac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from dataclasses import dataclass
 
 from ..lessons.common import format_rows, merge_rows
+from ..records import write_json
 
 
 class Parser(argparse.ArgumentParser):
@@ -124,16 +124,6 @@ def run_and_report(args, what: str, target: str, summarize=merge_rows, **kwargs)
     if args.json:
         write_json(args.json, rows)
     return 0 if all(r["ok"] for r in rows) else 1
-
-
-# --------------------------------------------------------------------------- output files
-
-
-def write_json(path: str, data, label: str = "wrote") -> None:
-    """Write ``data`` to ``path`` as indented JSON and say so: ``wrote PATH``."""
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
-    print(f"{label} {path}")
 
 
 # --------------------------------------------------------------------------- a verb that runs on every rank

@@ -13,7 +13,8 @@ import argparse
 
 from ..bench.offload import bench_offload
 from ..memory import BYTES, CATEGORIES, GB, calculate
-from .common import lesson_run_parser, run_and_report, with_example, write_json
+from ..records import write_json
+from .common import lesson_run_parser, run_and_report, with_example
 
 
 def add_verbs(verbs):

@@ -14,7 +14,8 @@ from fractions import Fraction
 
 from ..pipeline.schedules import SCHEDULES, format_grid, make_schedule
 from ..pipeline.simulate import Costs, simulate, theory_bubble_fraction
-from .common import lesson_run_parser, write_json
+from ..records import write_json
+from .common import lesson_run_parser
 
 EPILOG = """\
 examples:

@@ -32,7 +32,8 @@ from ..plan.hardware import LINKS, PRESET_NAMES, preset
 from ..plan.models import MODELS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
-from .common import lesson_run_parser, run_and_report, with_example, write_json
+from ..records import write_json
+from .common import lesson_run_parser, run_and_report, with_example
 
 FIXABLE = ("tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
 

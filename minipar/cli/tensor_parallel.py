@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..bench.tp import DEFAULT_P, DEFAULT_SIZES
 from ..lessons.tensor_parallel import check_world_size
-from .common import SIZE_HELP, lesson_run_parser, parse_size, positive, ranks, run_and_report, with_example, write_json
+from ..records import write_json
+from .common import SIZE_HELP, lesson_run_parser, parse_size, positive, ranks, run_and_report, with_example
 
 
 def add_verbs(verbs):

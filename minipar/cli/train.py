@@ -23,7 +23,8 @@ from ..bench import train as train_bench
 from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
 from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
-from .common import lesson_run_parser, run_and_report, with_example, write_json
+from ..records import write_json
+from .common import lesson_run_parser, run_and_report, with_example
 
 
 def _example(text):

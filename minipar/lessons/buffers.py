@@ -33,6 +33,7 @@ from .. import nn
 from ..data_parallel import DDP, local_batch
 from ..pipeline import make_schedule
 from ..pipeline.execute import buffers_in_flight, peer_and_tag
+from ..records import write_json
 from ..trace import merge
 from ..xp import chunk_bounds, itemsize
 from ..zero import ZeRO1, ZeRO2, ZeRO3
@@ -311,7 +312,6 @@ def main(argv=None) -> int:
     """``python -m minipar.lessons.buffers [--json FILE]``: the checks and the prefetch timeline's
     numbers, on 4 ranks (MPI)."""
     import argparse
-    import json
 
     from ..launcher import launch
     from .common import format_rows, merge_rows
@@ -329,11 +329,9 @@ def main(argv=None) -> int:
               f"{pf[k]['hidden'] * 1e3:7.2f} ms   gathers overlapping compute {pf[k]['overlapping']}")
     print(format_rows(prefetch_rows(pf)))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows,
-                       "prefetch": {str(k): {kk: vv for kk, vv in v.items() if kk != "events"} if isinstance(v, dict)
-                                    else v for k, v in pf.items()}}, f, indent=1)
-        print(f"wrote {args.json}")
+        write_json(args.json, {"rows": rows,
+                               "prefetch": {str(k): {kk: vv for kk, vv in v.items() if kk != "events"}
+                                            if isinstance(v, dict) else v for k, v in pf.items()}})
     return 0 if all(r["ok"] for r in rows + prefetch_rows(pf)) else 1
 
 
