@@ -1,5 +1,6 @@
 """The command line: every verb has help; run and bench do what they print."""
 import argparse
+import re
 import json
 import subprocess
 import sys
@@ -31,6 +32,16 @@ def test_lessons():
     out = minipar("lessons")
     assert out.returncode == 0 and "collectives" in out.stdout and "labs/01_collectives" in out.stdout
     assert "verbs: minipar run collectives, minipar bench collectives" in out.stdout
+    # every part the registry names is shown, under its lesson
+    from minipar.course import LESSONS
+
+    blocks = re.split(r"\n(?=\d\d  )", out.stdout)  # one block per lesson, each starting with its key
+    assert len(blocks) == len(LESSONS)
+    for ls, block in zip(LESSONS, blocks):
+        assert block.startswith(ls.key), (ls.key, block[:40])
+        parts = (*ls.drivers, ls.driver, *ls.figures_modules, ls.cli, *ls.verbs, ls.notebook or "", ls.lab or "",
+                 ls.grader or "")
+        assert all(part in block for part in parts), [part for part in parts if part not in block]
 
 
 # --------------------------------------------------------------------------- the registry names every verb

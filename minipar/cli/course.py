@@ -67,8 +67,11 @@ def cmd_lessons(args):
     for ls in LESSONS:
         print(f"{ls.key}  {ls.name:<18} {ls.title}")
         print(f"    library: {', '.join(ls.packages)}   run: minipar run {ls.run}")
-        print(f"    lab: {ls.lab + f'   (minipar check {ls.key})' if ls.lab else 'none'}   notebook: {ls.notebook or 'none'}")
-        print(f"    figures: {', '.join('figures/' + f for f in ls.figures) or 'none'}")
+        print(f"    checks: {', '.join(ls.drivers)}   (the tour runs {ls.driver})")
+        print(f"    lab: {ls.lab + f'   (minipar check {ls.key}; graded by {ls.grader})' if ls.lab else 'none'}   "
+              f"notebook: {ls.notebook or 'none'}")
+        print(f"    figures: {', '.join('figures/' + f for f in ls.figures) or 'none'}   "
+              f"(drawn by {', '.join(ls.figures_modules) or 'none'})")
         print(f"    verbs: {', '.join('minipar ' + v for v in ls.verbs) or 'none'}   ({ls.cli})")
     return 0
 
