@@ -20,7 +20,7 @@ import sys
 
 from ..course import LESSONS
 from ..errors import UsageError
-from .common import Parser, with_example
+from .common import Parser, nonnegative_float, with_example
 from .course import add_verbs as add_course_verbs
 
 # a lesson whose verbs fail to import because one of these is not installed hides its verbs quietly
@@ -32,7 +32,7 @@ def build_parser(lessons=None) -> Parser:
     """The parser of ``minipar``: the course's verbs, then the verbs of each of ``lessons``
     (default: every lesson of the course, in its order)."""
     p = Parser(prog="minipar", description=__doc__.split("\n\n")[0], **with_example("minipar tour"))
-    p.add_argument("--watchdog", type=float, metavar="SECONDS",
+    p.add_argument("--watchdog", type=nonnegative_float, metavar="SECONDS",
                    help="abort a job blocked this long in one call, reporting every rank (default 60; 0 = off)")
     p.add_argument("--link", dest="emulate_link", metavar="NAME",
                    help="every message also pays this link's alpha + n beta: nvlink, pcie, infiniband, ethernet "
@@ -83,6 +83,9 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        from ..comm.watchdog import timeout_from_env
+
+        timeout_from_env()  # a bad MINIPAR_WATCHDOG is one line now, not a traceback from a rank
         if getattr(args, "validate", None):
             args.validate(args)
         return int(args.func(args) or 0)

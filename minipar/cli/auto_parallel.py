@@ -17,7 +17,7 @@ import sys
 from ..autoparallel.models import PRESETS
 from ..errors import UsageError
 from ..records import write_json
-from .common import lesson_run_parser, run_and_report
+from .common import bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report
 
 SIZE_FLAGS = ("B", "T", "C", "H", "V", "n_heads")
 
@@ -47,10 +47,10 @@ def add_search_command(subparsers):
                f"models: {', '.join(f'{k} ({cfg})' for k, cfg in ((k, ' '.join(f'{a}={b}' for a, b in v.items())) for k, v in PRESETS.items()))}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="block", help=f"one of {', '.join(PRESETS)} (default block)")
-    p.add_argument("--ranks", "-n", type=int, default=4, help="ranks to launch (default 4)")
+    p.add_argument("--ranks", "-n", type=ranks, default=4, help="ranks to launch (default 4)")
     p.add_argument("--mesh", help="mesh shape, e.g. 4 or 2x2 (default: 1-D over every rank)")
-    p.add_argument("--budget", type=float, default=20.0, help="seconds of search (default 20)")
-    p.add_argument("--reps", type=int, default=5, help="measured steps per strategy (the fastest counts; default 5)")
+    p.add_argument("--budget", type=positive_float, default=20.0, help="seconds of search (default 20)")
+    p.add_argument("--reps", type=bounded(10**4, "measured steps"), default=5, help="measured steps per strategy (the fastest counts; default 5)")
     p.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     p.add_argument("--seed", type=int, default=0)
@@ -58,9 +58,9 @@ def add_search_command(subparsers):
                    help="time steps and calibration on the wall clock (default) or in CPU seconds of each rank "
                         "(on a machine shared with other jobs: leaves out time spent waiting for a core)")
     p.add_argument("--recalibrate", action="store_true", help="measure this machine again (ignore the cache)")
-    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--json", metavar="FILE", type=output_path, help="write the report as JSON")
     for k in SIZE_FLAGS:
-        p.add_argument(f"--{k.replace('_', '-')}", dest=k, type=int, metavar="N", help=f"override the model's {k}")
+        p.add_argument(f"--{k.replace('_', '-')}", dest=k, type=bounded(65536, "a model searched on this machine"), metavar="N", help=f"override the model's {k}")
     p.set_defaults(func=cmd_search)
     return p
 

@@ -12,7 +12,8 @@ import os
 import sys
 
 from ..records import write_json
-from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, parse_size, ranks, relaunch, run_and_report, strip_n, with_example)
+from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, output_path, parse_size, positive_float, ranks, relaunch,
+                     run_and_report, strip_n, with_example)
 
 
 def add_verbs(verbs):
@@ -26,9 +27,12 @@ def add_verbs(verbs):
     bc.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     bc.add_argument("--sizes", type=parse_size, nargs="+", metavar="SIZE",
                     help=f"message sizes in bytes (default 8 ... 64M); {SIZE_HELP}")
-    bc.add_argument("--algorithms", nargs="+", help="subset of algorithms (default all + builtin)")
-    bc.add_argument("--budget", type=float, default=0.3, help="seconds of repetitions per measurement")
-    bc.add_argument("--json", help="write one record per (algorithm, size) here")
+    from ..bench.collectives import ALGS
+
+    bc.add_argument("--algorithms", nargs="+", choices=ALGS, metavar="ALG",
+                    help=f"subset of algorithms (default all): {', '.join(ALGS)}")
+    bc.add_argument("--budget", type=positive_float, default=0.3, help="seconds of repetitions per measurement")
+    bc.add_argument("--json", type=output_path, help="write one record per (algorithm, size) here")
     bc.add_argument("--plot", default="figures/collectives_busbw.png", help="figure path ('' to skip)")
     bc.set_defaults(func=cmd_bench)
 

@@ -45,9 +45,74 @@ def positive(text: str, what: str = "a whole number") -> int:
     return n
 
 
+# The largest count of ranks a verb accepts: every rank is a process on this one machine, and
+# MPI launchers wrap or refuse counts far past this (a ``-n`` of 10^12 once "succeeded" on 2 ranks).
+MAX_RANKS = 1024
+
+
 def ranks(text: str) -> int:
-    """The argparse type of ``-n`` in every verb: a number of ranks, at least 1."""
-    return positive(text, "a number of ranks")
+    """The argparse type of ``-n`` in every verb: a number of ranks, 1 ... MAX_RANKS."""
+    n = positive(text, "a number of ranks")
+    if n > MAX_RANKS:
+        raise argparse.ArgumentTypeError(f"{text!r} ranks: at most {MAX_RANKS}, as every rank is a process on this machine")
+    return n
+
+
+def bounded(high: int, why: str, low: int = 1, what: str = "a whole number"):
+    """An argparse type: an int in ``low ... high``; ``why`` says where the upper bound comes from."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low}, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low}, got {text!r}")
+        if n > high:
+            raise argparse.ArgumentTypeError(f"{text!r}: at most {high:,} ({why})")
+        return n
+    parse.__name__ = "int"  # argparse names the type in its messages
+    return parse
+
+
+def number(text: str, low: float | None = 0.0, inclusive: bool = False) -> float:
+    """A finite float; by default > 0 (``low=None``: any finite value; ``inclusive``: >= low)."""
+    import math
+
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if low is not None and (x < low if inclusive else x <= low):
+        raise argparse.ArgumentTypeError(f"expected a number {'>=' if inclusive else '>'} {low:g}, got {text!r}")
+    return x
+
+
+def positive_float(text: str) -> float:
+    """The argparse type of a size, rate or time that must be finite and > 0."""
+    return number(text)
+
+
+def nonnegative_float(text: str) -> float:
+    """The argparse type of a finite float >= 0 (a weight, a time where 0 means off)."""
+    return number(text, 0.0, inclusive=True)
+
+
+def output_path(text: str) -> str:
+    """The argparse type of a file a verb writes at the end (``--json``, ``--trace``, ``--out``):
+    its folder must exist and be writable now, so a typo costs nothing instead of the run's results."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file name, got ''")
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text!r}: the folder {os.path.dirname(text) or '.'!r} does not exist "
+                                         f"(create it first; the file is written after the run)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: the folder {os.path.dirname(text) or '.'!r} is not writable")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, expected a file name")
+    return text
 
 
 SIZE_HELP = "K, M, G = 2^10, 2^20, 2^30 (as in nccl-tests; KiB, MiB, GiB alike): 8, 4K, 16M, 64MiB, 1G"
@@ -88,8 +153,9 @@ def run_options(p, lesson_level=False):
     d = (lambda v: argparse.SUPPRESS) if lesson_level else (lambda v: v)
     p.add_argument("-n", type=ranks, default=d(4), help="ranks (default 4)")
     p.add_argument("--backend", choices=("mpi", "torch"), default=d("mpi"))
-    p.add_argument("--trace", metavar="FILE", default=d(None), help="write a Chrome trace (open in https://ui.perfetto.dev)")
-    p.add_argument("--json", metavar="FILE", default=d(None), help="write the run's summary as JSON")
+    p.add_argument("--trace", metavar="FILE", type=output_path, default=d(None),
+                   help="write a Chrome trace (open in https://ui.perfetto.dev)")
+    p.add_argument("--json", metavar="FILE", type=output_path, default=d(None), help="write the run's summary as JSON")
 
 
 def lesson_run_parser(run_subparsers, name, help, example, validate=None):

@@ -17,7 +17,7 @@ import time
 from ..course import LESSONS, lesson
 from ..launcher import LaunchError, launch
 from ..lessons.common import merge_rows
-from .common import Verbs, ranks, run_options, with_example
+from .common import Verbs, nonnegative_float, ranks, run_options, with_example
 
 VERBS = ("tour", "lessons", "check", "figures")  # beside the groups `run` and `bench`, which the lessons fill
 
@@ -45,7 +45,7 @@ def add_verbs(top) -> Verbs:
     c.add_argument("--task", action="append", help="grade only this task (repeatable), e.g. 1.3")
     c.add_argument("--file", help="the exercise file to grade (default: the lab's exercise.py)")
     c.add_argument("--solution", action="store_true", help="grade minipar's own implementation (must pass)")
-    c.add_argument("--timeout", type=float, default=20.0, help="watchdog seconds per graded run (default 20)")
+    c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="watchdog seconds per graded run (default 20)")
     c.add_argument("-v", "--verbose", action="store_true", help="show every failing check of a task, not only the first")
     c.set_defaults(func=cmd_check)
 

@@ -14,7 +14,7 @@ import argparse
 from ..bench.offload import bench_offload
 from ..memory import BYTES, CATEGORIES, GB, calculate
 from ..records import write_json
-from .common import lesson_run_parser, run_and_report, with_example
+from .common import bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report, with_example
 
 
 def add_verbs(verbs):
@@ -31,9 +31,9 @@ def add_verbs(verbs):
     p = verbs.bench.add_parser(
         "offload", help="ZeRO-2 step time with the optimizer state in memory, on the host, in a memory-mapped file",
         **with_example("minipar bench offload -n 2 --offload-dir /mnt/nvme"))
-    p.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--width", type=int, default=1024, help="8 layers Linear(width, width) (default 1024)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps each, medians (default 5)")
+    p.add_argument("-n", type=ranks, default=2, help="ranks (default 2)")
+    p.add_argument("--width", type=bounded(65536, "a layer held in this machine's memory"), default=1024, help="8 layers Linear(width, width) (default 1024)")
+    p.add_argument("--steps", type=bounded(10**6, "steps"), default=5, help="timed steps each, medians (default 5)")
     p.add_argument("--mixed", action="store_true", help="mixed precision (float16 matmuls: slow in NumPy)")
     p.add_argument("--offload-dir", help="where the state files go (default: a temporary directory, removed after)")
     p.set_defaults(func=bench_offload)
@@ -69,14 +69,14 @@ def add_memory_command(subparsers):
                "  minipar memory --params 7.5e9 --dp 64 --stage 1\n"
                "  -> 31.4 GB per rank (120 GB without ZeRO, 16.6 GB stage 2, 1.9 GB stage 3)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--params", type=float, required=True, metavar="PSI", help="number of parameters, e.g. 7.5e9")
-    p.add_argument("--dp", type=int, default=1, metavar="N", help="data-parallel ranks (default 1)")
+    p.add_argument("--params", type=positive_float, required=True, metavar="PSI", help="number of parameters, e.g. 7.5e9")
+    p.add_argument("--dp", type=bounded(10**7, "data-parallel ranks of any cluster"), default=1, metavar="N", help="data-parallel ranks (default 1)")
     p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage (0 = plain DDP)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam (default) or sgd with momentum")
     p.add_argument("--precision", choices=("mixed", "fp32"), default="mixed",
                    help="mixed: fp16 weights/grads + fp32 master (default); fp32: everything in fp32")
     p.add_argument("--offload", action="store_true", help="ZeRO-Offload: optimizer state on the host")
-    p.add_argument("--json", metavar="FILE", help="also write the numbers (bytes) as JSON")
+    p.add_argument("--json", metavar="FILE", type=output_path, help="also write the numbers (bytes) as JSON")
     p.set_defaults(func=cmd_memory)
 
 

@@ -23,6 +23,8 @@ import re
 import sys
 import time
 
+from .common import positive_float
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\s*(ok|FAIL)\s+(.+?)\s+max rel\. error\s+(\S+)\s+\(tolerance\s+([^)]+)\)\s*$", re.MULTILINE)
 
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m minipar.cli.notebooks", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", help="notebooks to run (default: every notebooks/*.ipynb)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per cell (default 900)")
+    p.add_argument("--timeout", type=positive_float, default=900, help="seconds per cell (default 900)")
     args = p.parse_args(argv)
     paths = [pathlib.Path(x) for x in args.paths] or notebooks()
     bad = 0

@@ -15,7 +15,13 @@ from fractions import Fraction
 from ..pipeline.schedules import SCHEDULES, format_grid, make_schedule
 from ..pipeline.simulate import Costs, simulate, theory_bubble_fraction
 from ..records import write_json
-from .common import lesson_run_parser
+from ..errors import UsageError
+from .common import bounded, lesson_run_parser, output_path
+
+# ``schedule`` prints and simulates every action of every rank: past this many it takes minutes
+# (and memory) for a grid nobody reads.
+MAX_ACTIONS = 50_000
+MAX_STAGES = 4096
 
 EPILOG = """\
 examples:
@@ -61,24 +67,30 @@ def add_schedule_command(subparsers):
                     "simulated bubble fraction with the textbook formula.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=list(SCHEDULES), help="which schedule")
-    parser.add_argument("--stages", "-p", "-n", type=int, default=4, metavar="P",
+    parser.add_argument("--stages", "-p", "-n", type=bounded(MAX_STAGES, "pipeline stages"), default=4, metavar="P",
                         help="pipeline ranks (default 4; -n as in every verb)")
-    parser.add_argument("--microbatches", "-m", type=int, default=8, metavar="M",
+    parser.add_argument("--microbatches", "-m", type=bounded(MAX_ACTIONS, "micro-batches"), default=8, metavar="M",
                         help="micro-batches per batch (default 8; naive always uses 1)")
-    parser.add_argument("--chunks", "-v", type=int, default=2, metavar="V",
+    parser.add_argument("--chunks", "-v", type=bounded(MAX_STAGES, "model chunks"), default=2, metavar="V",
                         help="model chunks per rank, interleaved only (default 2)")
     parser.add_argument("--costs", default="1,2", metavar="F,B[,W]",
                         help="action times, see below (default 1,2)")
     parser.add_argument("--p2p", default="0", metavar="T",
                         help="latency of a stage-to-stage send (default 0)")
-    parser.add_argument("--json", metavar="FILE", help="write the schedule and results as JSON")
-    parser.add_argument("--plot", metavar="FILE", help="draw the timeline to an image file")
+    parser.add_argument("--json", metavar="FILE", type=output_path, help="write the schedule and results as JSON")
+    parser.add_argument("--plot", metavar="FILE", type=output_path, help="draw the timeline to an image file")
     parser.set_defaults(func=cmd_schedule)
     return parser
 
 
 def cmd_schedule(args) -> int:
     try:
+        actions = args.stages * args.microbatches * (args.chunks if args.name == "interleaved" else 1)
+        if actions > MAX_ACTIONS:
+            raise UsageError(f"--stages {args.stages} x --microbatches {args.microbatches}"
+                             + (f" x --chunks {args.chunks}" if args.name == "interleaved" else "")
+                             + f" = {actions:,} forward actions: at most {MAX_ACTIONS:,}, so the grid prints "
+                             f"and simulates in seconds")
         costs = parse_costs(args.costs)
         costs.p2p = Fraction(args.p2p)
         schedule = make_schedule(args.name, args.stages, args.microbatches, args.chunks)

@@ -33,8 +33,11 @@ from ..plan.models import MODELS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
 from ..records import write_json
-from .common import lesson_run_parser, run_and_report, with_example
+from .common import bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report, with_example
 
+# The planner enumerates every split of the GPUs (and of the batch) into dp x tp x pp x ...: past
+# this it runs for minutes. The largest training runs published use about 10^5 GPUs.
+MAX_GPUS = bounded(2**17, "GPUs: the planner enumerates every split of them")
 FIXABLE = ("tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
 
 
@@ -56,8 +59,8 @@ def add_verbs(verbs):
     m = verbs.bench.add_parser(
         "machine", help="measure this machine for the planner: matmul rate, memory bandwidth, alpha/beta",
         **with_example("minipar bench machine -n 2          # then: minipar plan --hardware this-machine ..."))
-    m.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    m.add_argument("--out", help="where to write the preset (default minipar/plan/this_machine.json)")
+    m.add_argument("-n", type=ranks, default=2, help="ranks (default 2)")
+    m.add_argument("--out", type=output_path, help="where to write the preset (default minipar/plan/this_machine.json)")
     m.set_defaults(func=cmd_machine)
 
     k = verbs.bench.add_parser(
@@ -65,9 +68,9 @@ def add_verbs(verbs):
         **with_example("minipar bench machine && minipar bench links --slowdown 200"))
     k.add_argument("--links", nargs="+", default=["none", "nvlink", "pcie", "ethernet"],
                    choices=["none", *EMULATED_LINKS], help="links to emulate (none: the real transfer only)")
-    k.add_argument("--slowdown", type=float, default=200.0, help="stretch every emulated link this much (default 200)")
-    k.add_argument("--steps", type=int, default=5, help="measured steps per run, best taken (default 5)")
-    k.add_argument("--json", help="write the rows here")
+    k.add_argument("--slowdown", type=positive_float, default=200.0, help="stretch every emulated link this much (default 200)")
+    k.add_argument("--steps", type=bounded(10**6, "steps"), default=5, help="measured steps per run, best taken (default 5)")
+    k.add_argument("--json", type=output_path, help="write the rows here")
     k.set_defaults(func=bench_links)
 
     h = verbs.bench.add_parser(
@@ -140,15 +143,15 @@ def add_plan_arguments(p):
     for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn"):
         g.add_argument(f"--{k}", type=int, help="MLP width (default 4 x hidden)" if k == "ffn" else None)
     g = p.add_argument_group("cluster and batch")
-    g.add_argument("--gpus", type=int, required=True, help="GPUs (ranks) in all")
-    g.add_argument("--gpus-per-node", type=int, help="default: the preset's (8), or --gpus on this-machine")
+    g.add_argument("--gpus", type=MAX_GPUS, required=True, help="GPUs (ranks) in all")
+    g.add_argument("--gpus-per-node", type=MAX_GPUS, help="default: the preset's (8), or --gpus on this-machine")
     g.add_argument("--hardware", default="a100-80gb", choices=PRESET_NAMES, help="preset (default a100-80gb)")
-    g.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
+    g.add_argument("--global-batch", type=bounded(2**30, "sequences per step"), required=True, help="sequences per optimizer step")
     g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="this-machine: the ranks' dtype")
     g.add_argument("--intra-link", choices=list(LINKS), help="replace the intra-node link (pcie: 'without NVLink')")
     g.add_argument("--inter-link", choices=list(LINKS), help="replace the inter-node link")
     g.add_argument("--link", choices=list(LINKS), help="this-machine: predict for ranks run with this emulated link")
-    g.add_argument("--link-slowdown", type=float, default=1.0, help="the emulated link's slowdown (MINIPAR_LINK_SLOWDOWN)")
+    g.add_argument("--link-slowdown", type=positive_float, default=1.0, help="the emulated link's slowdown (MINIPAR_LINK_SLOWDOWN)")
     g = p.add_argument_group("fix a choice (the rest is searched)")
     for k in ("tp", "pp", "dp", "cp", "microbatch", "chunks"):
         g.add_argument(f"--{k}", type=int)
@@ -157,7 +160,7 @@ def add_plan_arguments(p):
     g.add_argument("--recompute", choices=("none", "selective", "full"))
     g.add_argument("--sequence-parallel", nargs="?", const="on", choices=("on", "off"))
     g = p.add_argument_group("output")
-    g.add_argument("--top", type=int, default=5, help="configurations to list (default 5)")
-    g.add_argument("--json", metavar="FILE", help='write {"configs": [...]} best first')
+    g.add_argument("--top", type=bounded(10**6, "rows"), default=5, help="configurations to list (default 5)")
+    g.add_argument("--json", metavar="FILE", type=output_path, help='write {"configs": [...]} best first')
     g.add_argument("--offload", action="store_true", help="ZeRO-Offload: optimizer state and step on the host")
     g.add_argument("--allow-cross-node-tp", action="store_true", help="let tp exceed the GPUs per node")

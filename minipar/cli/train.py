@@ -19,12 +19,25 @@ from __future__ import annotations
 import sys
 
 from ..errors import UsageError
+from ..launcher import LaunchError
 from ..bench import train as train_bench
 from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
 from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
 from ..records import write_json
-from .common import lesson_run_parser, run_and_report, with_example
+from .common import (MAX_RANKS, bounded, lesson_run_parser, nonnegative_float, output_path, positive,
+                     positive_float, ranks, run_and_report, with_example)
+
+# Bounds on the model's shape: the model is NumPy (or torch) on this machine, so a shape past
+# these is a typo, not a plan; MAX_PARAMS is checked on the product (what the memory must hold).
+MAX_PARAMS = 2 * 10**9
+_SHAPE = "a model trained on this machine"
+layers_type = bounded(4096, _SHAPE)
+width_type = bounded(65536, _SHAPE)
+seq_type = bounded(65536, _SHAPE)
+batch_type = bounded(2**20, _SHAPE)
+steps_type = bounded(10**9, "steps")
+
 
 
 def _example(text):
@@ -32,30 +45,30 @@ def _example(text):
 
 
 def add_grid_options(p):
-    p.add_argument("-n", type=int, default=1, help="ranks (default 1); must equal dp x pp x cp x tp")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
-    p.add_argument("--cp", type=int, default=1, help="context-parallel ranks: the sequence split over them (zigzag)")
+    p.add_argument("-n", type=ranks, default=1, help="ranks (default 1); must equal dp x pp x cp x tp")
+    p.add_argument("--dp", type=ranks, default=1, help="data-parallel replicas")
+    p.add_argument("--pp", type=ranks, default=1, help="pipeline stages (ranks)")
+    p.add_argument("--tp", type=ranks, default=1, help="tensor-parallel ranks")
+    p.add_argument("--cp", type=ranks, default=1, help="context-parallel ranks: the sequence split over them (zigzag)")
     p.add_argument("--cp-attention", choices=CP_ATTENTION, default="ring", help="the attention core over cp (default ring)")
-    p.add_argument("--experts", type=int, default=0, metavar="E",
+    p.add_argument("--experts", type=bounded(MAX_RANKS * 64, "experts", low=0), default=0, metavar="E",
                    help="E > 0: every MLP is a mixture of E experts, sharded over the dp ranks")
-    p.add_argument("--top-k", type=int, default=1, help="experts per token (default 1)")
-    p.add_argument("--capacity-factor", type=float, default=1.25, help="tokens an expert takes: f x k x N / E (default 1.25)")
-    p.add_argument("--aux-weight", type=float, default=0.01, help="weight of the load-balancing loss (default 0.01)")
+    p.add_argument("--top-k", type=positive, default=1, help="experts per token (default 1)")
+    p.add_argument("--capacity-factor", type=positive_float, default=1.25, help="tokens an expert takes: f x k x N / E (default 1.25)")
+    p.add_argument("--aux-weight", type=nonnegative_float, default=0.01, help="weight of the load-balancing loss (default 0.01)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per step and DP replica")
+    p.add_argument("--microbatches", type=batch_type, default=1, help="micro-batches per step and DP replica")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron-SP: LayerNorms and residuals on T/tp tokens")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     p.add_argument("--zero", type=int, default=0, help="0: DDP; 1: ZeRO-1 (Adam state sharded over dp)")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
     p.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
-    p.add_argument("--layers", type=int, default=DEFAULT_MODEL["n_layers"])
-    p.add_argument("--d-model", type=int, default=DEFAULT_MODEL["d_model"])
-    p.add_argument("--heads", type=int, default=DEFAULT_MODEL["n_heads"])
-    p.add_argument("--seq-len", type=int, default=DEFAULT_MODEL["seq_len"])
-    p.add_argument("--batch", type=int, default=32, help="global batch in samples (default 32)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--layers", type=layers_type, default=DEFAULT_MODEL["n_layers"])
+    p.add_argument("--d-model", type=width_type, default=DEFAULT_MODEL["d_model"])
+    p.add_argument("--heads", type=width_type, default=DEFAULT_MODEL["n_heads"])
+    p.add_argument("--seq-len", type=seq_type, default=DEFAULT_MODEL["seq_len"])
+    p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="learning rate, finite and > 0 (default 3e-3)")
 
 
 def config_from(args) -> TrainConfig:
@@ -74,32 +87,32 @@ def add_verbs(verbs):
     t = subparsers.add_parser("train", help="train the small GPT on a DP x PP x CP x TP grid (with experts over DP)",
                               **_example("minipar train -n 8 --dp 2 --pp 2 --tp 2 --microbatches 2 --steps 5 --compare"))
     add_grid_options(t)
-    t.add_argument("--steps", type=int, default=300, help="train until this step (default 300)")
+    t.add_argument("--steps", type=steps_type, default=300, help="train until this step (default 300)")
     t.add_argument("--compare", action="store_true", help="also train in one process (float64) and compare the losses")
-    t.add_argument("--json", metavar="FILE", help="losses, step times, tokens/s, memory per rank")
-    t.add_argument("--trace", metavar="FILE", help="Chrome trace of the second step, a lane per group (tp, cp, pp, dp, emb, ep)")
+    t.add_argument("--json", metavar="FILE", type=output_path, help="losses, step times, tokens/s, memory per rank")
+    t.add_argument("--trace", metavar="FILE", type=output_path, help="Chrome trace of the second step, a lane per group (tp, cp, pp, dp, emb, ep)")
     t.add_argument("--save", metavar="DIR", help="write sharded checkpoints here")
-    t.add_argument("--save-every", type=int, default=0, metavar="K", help="checkpoint every K steps (and at the end)")
+    t.add_argument("--save-every", type=bounded(10**9, "steps", low=0), default=0, metavar="K", help="checkpoint every K steps (and at the end)")
     t.add_argument("--resume", metavar="DIR", help="continue from this checkpoint, on any grid")
     t.set_defaults(func=cmd_train)
 
     g = subparsers.add_parser("generate", help="greedy text from a checkpoint, with a KV cache, on TP ranks",
                               **_example('minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"'))
     g.add_argument("--checkpoint", required=True, metavar="DIR")
-    g.add_argument("-n", type=int, default=1, help="ranks (= --tp)")
-    g.add_argument("--tp", type=int, default=1)
+    g.add_argument("-n", type=ranks, default=1, help="ranks (= --tp)")
+    g.add_argument("--tp", type=ranks, default=1)
     g.add_argument("--prompt", action="append", help="a prompt (repeatable; default: five sorting prompts)")
-    g.add_argument("--tokens", type=int, default=8, help="new tokens per prompt (default 8)")
-    g.add_argument("--eval", type=int, default=0, metavar="N", help="also N random sorting prompts (seeded), and the accuracy")
+    g.add_argument("--tokens", type=seq_type, default=8, help="new tokens per prompt (default 8)")
+    g.add_argument("--eval", type=bounded(10**6, "prompts", low=0), default=0, metavar="N", help="also N random sorting prompts (seeded), and the accuracy")
     g.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     g.set_defaults(func=cmd_generate)
 
     p = verbs.bench.add_parser("train", help="tokens/s and MFU of every grid vs one process",
                                **with_example("minipar bench train --steps 3 --json bench_train.json"))
-    p.add_argument("--steps", type=int, default=3, help="timed steps per grid (after one warm-up)")
-    p.add_argument("--batch", type=int, default=32, help="global batch in samples (default 32)")
+    p.add_argument("--steps", type=steps_type, default=3, help="timed steps per grid (after one warm-up)")
+    p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", metavar="FILE", type=output_path)
     p.set_defaults(func=train_bench.run)
 
     r = lesson_run_parser(verbs.run, "train", "a small GPT on a DP x PP x TP grid vs one process: losses, "
@@ -166,7 +179,13 @@ def cmd_train(args) -> int:
 
             _, index = read_index(args.resume)
             cfg = cfg.with_(model=GPTConfig(**index["model"]), batch=index["train"]["batch"])
+            if args.steps <= index.get("step", 0):
+                raise UsageError(f"--steps={args.steps}: the checkpoint is at step {index['step']}, so it trains "
+                                 f"until a later step (--steps > {index['step']})")
         check_shapes(cfg, args.n)
+        if cfg.model.num_params() > MAX_PARAMS:
+            raise UsageError(f"the model has {cfg.model.num_params():,} parameters: at most {MAX_PARAMS:,} "
+                             f"are trained on this machine (lower --layers / --d-model)")
         if args.save_every < 0:
             raise UsageError(f"--save-every={args.save_every}: must be >= 0")
     except (UsageError, OSError) as err:
@@ -178,8 +197,12 @@ def cmd_train(args) -> int:
     print(f"minipar train: GPT {m.n_layers} layers x d={m.d_model} x {m.n_heads} heads, T={m.seq_len}{moe}, "
           f"{m.num_params():,} parameters; dp={cfg.dp} pp={cfg.pp}{cp} tp={cfg.tp} on {args.n} ranks ({args.backend})",
           flush=True)
-    out = launch(args.n, "minipar.cli.train:run_rank", backend=args.backend, quiet=False, cfg=cfg, job_timeout=7 * 24 * 3600.0,
-                 save=args.save, save_every=args.save_every, resume=args.resume, traced=bool(args.trace))
+    try:
+        out = launch(args.n, "minipar.cli.train:run_rank", backend=args.backend, quiet=False, cfg=cfg,
+                     job_timeout=7 * 24 * 3600.0, save=args.save, save_every=args.save_every, resume=args.resume,
+                     traced=bool(args.trace))
+    except LaunchError as err:
+        return launch_failed("train", err, echoed=True)
     rec = out.results[0]
     losses, times, start = rec["losses"], rec["step_times_s"], rec["start"]
     steady = times[1:] or times
@@ -220,6 +243,17 @@ def cmd_train(args) -> int:
     if args.json:
         write_json(args.json, result)
     return 0 if ok else 1
+
+
+def launch_failed(verb, err, echoed) -> int:
+    """A job whose ranks failed: what they printed once (unless it was already echoed as it ran),
+    then the one line saying what went wrong; exit 1. A rank's UsageError goes on to ``main``."""
+    if err.usage:
+        raise err
+    if not echoed and err.output:
+        print(err.output.rstrip("\n"), file=sys.stderr)
+    print(f"minipar {verb}: error: {err.line}", file=sys.stderr)
+    return 1
 
 
 # ----------------------------------------------------------------------------- generate
@@ -264,12 +298,17 @@ def cmd_generate(args) -> int:
         from ..train.data import encode
 
         for p in prompts:
+            if not p:
+                raise UsageError("--prompt '': a prompt needs at least one character (e.g. \"41930>\")")
             encode(p)
     except (UsageError, ValueError, OSError) as err:
         print(f"minipar generate: error: {err}", file=sys.stderr)
         return 2
-    out = launch(args.n, "minipar.cli.train:generate_rank", backend=args.backend, quiet=True, job_timeout=3600.0,
-                 directory=args.checkpoint, prompts=prompts, tokens=args.tokens)
+    try:
+        out = launch(args.n, "minipar.cli.train:generate_rank", backend=args.backend, quiet=True, job_timeout=3600.0,
+                     directory=args.checkpoint, prompts=prompts, tokens=args.tokens)
+    except LaunchError as err:
+        return launch_failed("generate", err, echoed=False)
     right = 0
     for k, (text, (ids, per_token)) in enumerate(zip(prompts, out.results[0])):
         written = decode(ids)[len(text):].split("\n")[0]

@@ -56,11 +56,22 @@ _USER_CODE_INSIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath
 
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT) -> float:
+    """The watchdog's seconds from ``MINIPAR_WATCHDOG`` (0 = off), else ``default``; a value that
+    is not a finite number >= 0 is a ``UsageError`` naming the variable."""
+    import math
+
+    from ..errors import UsageError
+
     value = os.environ.get("MINIPAR_WATCHDOG", "")
+    if not value:
+        return default
     try:
-        return float(value) if value else default
+        seconds = float(value)
     except ValueError:
-        raise ValueError(f"MINIPAR_WATCHDOG must be a number of seconds, got {value!r}") from None
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UsageError(f"MINIPAR_WATCHDOG must be a number of seconds >= 0 (0 = off), got {value!r}")
+    return seconds
 
 
 def new_report_dir() -> str:
