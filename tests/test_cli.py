@@ -318,3 +318,99 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+BAD_VALUES = [  # argv, what the one line must name: each once a traceback, a hang or a wrong success
+    (["train", "--heads", "0"], "argument --heads"),
+    (["train", "--d-model", "0"], "argument --d-model"),
+    (["train", "--seq-len", "0"], "argument --seq-len"),
+    (["train", "--seq-len", "-4"], "argument --seq-len"),
+    (["train", "--lr", "nan"], "argument --lr: expected a finite number"),
+    (["train", "--lr", "inf"], "argument --lr: expected a finite number"),
+    (["train", "--layers", "1000000000000"], "at most 4,096"),
+    (["train", "--layers", "4096", "--d-model", "4096"], "parameters: at most 2,000,000,000"),
+    (["generate", "--checkpoint", "ck", "-n", "0", "--tp", "0"], "argument -n"),
+    (["generate", "--checkpoint", "ck", "--tokens", "-1"], "argument --tokens"),
+    (["generate", "--checkpoint", "ck", "--eval", "-5"], "argument --eval"),
+    (["train", "--json", "nodir/x.json"], "'nodir' does not exist"),
+    (["train", "--trace", "nodir/t.json"], "'nodir' does not exist"),
+    (["run", "-n", "2", "collectives", "--json", "nodir/x.json"], "'nodir' does not exist"),
+    (["run", "-n", "2", "collectives", "--trace", "nodir/t.json"], "'nodir' does not exist"),
+    (["bench", "collectives", "--json", "nodir/x.json"], "'nodir' does not exist"),
+    (["schedule", "1f1b", "--json", "nodir/x.json"], "'nodir' does not exist"),
+    (["memory", "--params", "1e9", "--json", "nodir/x.json"], "'nodir' does not exist"),
+    (["bench", "collectives", "--algorithms", "nosuch"], "invalid choice: 'nosuch'"),
+    (["plan", "--gpus", "1000000000000", "--global-batch", "8", "--model", "gpt3-175b"], "at most 131,072"),
+    (["schedule", "1f1b", "--stages", "100000", "--microbatches", "100000"], "at most 4,096"),
+    (["schedule", "1f1b", "--stages", "1000", "--microbatches", "1000"], "1,000,000 forward actions: at most 50,000"),
+    (["run", "-n", "1000000000000", "collectives"], "at most 1024"),
+    (["memory", "--params", "1e400"], "argument --params: expected a finite number"),
+    (["memory", "--params", "-1"], "argument --params: expected a number > 0"),
+    (["--watchdog", "nan", "lessons"], "argument --watchdog"),
+]
+
+
+@pytest.mark.parametrize("argv,names", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_bad_values_are_one_line_before_any_rank(argv, names, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = in_process(argv, capsys, monkeypatch)
+    assert code == 2 and not out, (code, out, err)
+    assert err.count("\n") == 1 and err.startswith("minipar") and "error: " in err and names in err, err
+
+
+def test_a_bad_watchdog_variable_is_one_line_naming_it(capsys, monkeypatch):
+    monkeypatch.setenv("MINIPAR_WATCHDOG", "abc")
+    code, out, err = in_process(["run", "-n", "2", "collectives"], capsys, monkeypatch)
+    assert (code, out) == (2, "") and err == "minipar: error: MINIPAR_WATCHDOG must be a number of seconds >= 0 (0 = off), got 'abc'\n"
+
+
+def fake_checkpoint(monkeypatch, step=5):
+    import minipar.train.checkpoint
+    from minipar.train.config import DEFAULT_MODEL
+
+    index = {"model": dict(DEFAULT_MODEL), "train": {"batch": 32}, "step": step}
+    monkeypatch.setattr(minipar.train.checkpoint, "read_index", lambda d: (d, index))
+
+
+@pytest.mark.parametrize("steps", ["3", "5"])
+def test_resume_to_a_step_the_checkpoint_passed_is_one_line(steps, capsys, monkeypatch):
+    fake_checkpoint(monkeypatch)
+    code, out, err = in_process(["train", "--resume", "ck", "--steps", steps], capsys, monkeypatch)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "the checkpoint is at step 5" in err, err
+
+
+def test_an_empty_prompt_is_one_line(capsys, monkeypatch):
+    fake_checkpoint(monkeypatch)
+    code, out, err = in_process(["generate", "--checkpoint", "ck", "--prompt", ""], capsys, monkeypatch)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "--prompt ''" in err, err
+
+
+@pytest.mark.parametrize("verb", ["train", "generate"])
+def test_a_failed_job_is_one_line_and_its_output_once(verb, capsys, monkeypatch):
+    import minipar.launcher
+    from minipar.launcher import LaunchError
+
+    if verb == "generate":
+        fake_checkpoint(monkeypatch)
+    output = "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'w'\n"
+
+    def killed(*args, **kwargs):
+        raise LaunchError(f"job failed\n{output}", output=output, returncode=1, line="rank 1 raised KeyError: 'w'")
+
+    monkeypatch.setattr(minipar.launcher, "launch", killed)
+    argv = [verb, "--checkpoint", "ck"] if verb == "generate" else [verb, "--steps", "2"]
+    code = cli_main(argv)
+    out = capsys.readouterr()
+    assert code == 1
+    assert out.err.endswith(f"minipar {verb}: error: rank 1 raised KeyError: 'w'\n"), out.err
+    # train echoes the ranks' output as they run; generate is quiet, so it prints it here, once
+    assert (out.out + out.err).count("\nKeyError: 'w'\n") == (1 if verb == "generate" else 0) and "launcher.py" not in out.err
+
+
+def cli_main(argv):
+    from minipar import cli
+
+    try:
+        return cli.main(argv)
+    except SystemExit as exit_:
+        return exit_.code
