@@ -12,8 +12,8 @@ import os
 import sys
 
 from ..records import write_json
-from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, output_path, parse_size, positive_float, ranks, relaunch,
-                     run_and_report, strip_n, with_example)
+from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, output_path, positive_float, ranks, relaunch,
+                     run_and_report, size_at_most, strip_n, with_example)
 
 
 def add_verbs(verbs):
@@ -25,7 +25,7 @@ def add_verbs(verbs):
                                 **with_example("mpiexec -n 4 python -m mpi4py -m minipar bench collectives --json out.json"))
     bc.add_argument("-n", type=ranks, help="launch this many ranks with mpiexec (omit when already under mpiexec)")
     bc.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
-    bc.add_argument("--sizes", type=parse_size, nargs="+", metavar="SIZE",
+    bc.add_argument("--sizes", type=size_at_most(2**34, "16 GiB: a message held in this machine's memory, twice"), nargs="+", metavar="SIZE",
                     help=f"message sizes in bytes (default 8 ... 64M); {SIZE_HELP}")
     from ..bench.collectives import ALGS
 

@@ -89,6 +89,28 @@ def number(text: str, low: float | None = 0.0, inclusive: bool = False) -> float
     return x
 
 
+def float_at_most(high: float, why: str, low: float | None = 0.0, inclusive: bool = False):
+    """An argparse type: a finite float above ``low`` (see ``number``) and at most ``high``, for ``why``."""
+    def parse(text: str) -> float:
+        x = number(text, low, inclusive)
+        if x > high:
+            raise argparse.ArgumentTypeError(f"{text!r}: at most {high:g} ({why})")
+        return x
+    parse.__name__ = "float"
+    return parse
+
+
+def size_at_most(high: int, why: str):
+    """``parse_size`` with an upper bound (``why`` says where it comes from)."""
+    def parse(text: str) -> int:
+        n = parse_size(text)
+        if n > high:
+            raise argparse.ArgumentTypeError(f"{text!r}: at most {high:,} ({why})")
+        return n
+    parse.__name__ = "size"
+    return parse
+
+
 def positive_float(text: str) -> float:
     """The argparse type of a size, rate or time that must be finite and > 0."""
     return number(text)

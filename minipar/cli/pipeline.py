@@ -141,13 +141,14 @@ def add_run_command(run_subparsers):
                           "simulated vs theory bubble, gradients vs the dense model", RUN_EXAMPLE,
                           validate=validate_run)
     r.add_argument("--schedule", choices=list(SCHEDULES), default="1f1b")
-    r.add_argument("--microbatches", "-m", type=int, default=8, metavar="M")
-    r.add_argument("--chunks", "-v", type=int, default=2, metavar="V", help="interleaved only (default 2)")
-    r.add_argument("--width", type=int, default=WIDTH,
+    r.add_argument("--microbatches", "-m", type=bounded(4096, "micro-batches run on this machine"), default=8, metavar="M")
+    r.add_argument("--chunks", "-v", type=bounded(MAX_STAGES, "model chunks", low=-(2**31)), default=2, metavar="V",
+                   help="interleaved only (default 2)")
+    r.add_argument("--width", type=bounded(65536, "a layer held in this machine's memory", low=-(2**31)), default=WIDTH,
                    help=f"layer width (default {WIDTH}: the size of docs/benchmarks_pipeline.md)")
-    r.add_argument("--batch", type=int, default=BATCH, help=f"rows per micro-batch (default {BATCH})")
-    r.add_argument("--layers", type=int, help="Linear+GeLU layers (default 2 per stage)")
-    r.add_argument("--repeats", type=int, default=3, help="steps run, the last one measured (default 3)")
+    r.add_argument("--batch", type=bounded(2**20, "rows held in this machine's memory", low=-(2**31)), default=BATCH, help=f"rows per micro-batch (default {BATCH})")
+    r.add_argument("--layers", type=bounded(MAX_STAGES, "layers run on this machine", low=-(2**31)), help="Linear+GeLU layers (default 2 per stage)")
+    r.add_argument("--repeats", type=bounded(10**4, "steps", low=-(2**31)), default=3, help="steps run, the last one measured (default 3)")
     r.set_defaults(func=cmd_run)
     return r
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from ..bench.tp import DEFAULT_P, DEFAULT_SIZES
 from ..lessons.tensor_parallel import check_world_size
 from ..records import write_json
-from .common import (SIZE_HELP, lesson_run_parser, output_path, parse_size, positive, positive_float, ranks, run_and_report,
-                     with_example)
+from .common import (SIZE_HELP, bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report,
+                     size_at_most, with_example)
 
 
 def add_verbs(verbs):
@@ -28,13 +28,13 @@ def add_verbs(verbs):
                        "  minipar bench tp --tokens 1 --forward-only      # single-token inference"))
     b.add_argument("-n", type=ranks, nargs="+", default=list(DEFAULT_P), metavar="P",
                    help="ranks = tensor-parallel sizes, one job each, every one against TP = 1 (default 2 4)")
-    b.add_argument("--sizes", type=parse_size, nargs="+", default=list(DEFAULT_SIZES), metavar="HIDDEN",
+    b.add_argument("--sizes", type=size_at_most(65536, "a hidden size held in this machine's memory"), nargs="+", default=list(DEFAULT_SIZES), metavar="HIDDEN",
                    help=f"hidden sizes d (the MLP is d -> 4d -> d; default 8 ... 4K); {SIZE_HELP}")
-    b.add_argument("--tokens", type=positive, default=256, help="batch x sequence rows per step (default 256)")
-    b.add_argument("--reps", type=positive, default=7, help="A/B pairs per size, at least (default 7)")
+    b.add_argument("--tokens", type=bounded(2**20, "rows held in this machine's memory"), default=256, help="batch x sequence rows per step (default 256)")
+    b.add_argument("--reps", type=bounded(10**5, "pairs"), default=7, help="A/B pairs per size, at least (default 7)")
     b.add_argument("--budget", type=positive_float, default=0.3, help="seconds of pairs per size: more pairs where they are "
                    "fast (default 0.3, at most 200 pairs)")
-    b.add_argument("--rounds", type=positive, default=1, help="repeat the jobs, keep the round with the median speedup (default 1)")
+    b.add_argument("--rounds", type=bounded(10**3, "rounds"), default=1, help="repeat the jobs, keep the round with the median speedup (default 1)")
     b.add_argument("--forward-only", action="store_true", help="time the forward only (inference)")
     b.add_argument("--json", type=output_path, help="write the records here")
     b.add_argument("--figures", default="", metavar="DIR", help="also draw tp_speedup.png and tp_comm_fraction.png here")

@@ -25,8 +25,8 @@ from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
 from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
 from ..records import write_json
-from .common import (MAX_RANKS, bounded, lesson_run_parser, nonnegative_float, output_path, positive,
-                     positive_float, ranks, run_and_report, with_example)
+from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, ranks, run_and_report,
+                     with_example)
 
 # Bounds on the model's shape: the model is NumPy (or torch) on this machine, so a shape past
 # these is a typo, not a plan; MAX_PARAMS is checked on the product (what the memory must hold).
@@ -53,9 +53,9 @@ def add_grid_options(p):
     p.add_argument("--cp-attention", choices=CP_ATTENTION, default="ring", help="the attention core over cp (default ring)")
     p.add_argument("--experts", type=bounded(MAX_RANKS * 64, "experts", low=0), default=0, metavar="E",
                    help="E > 0: every MLP is a mixture of E experts, sharded over the dp ranks")
-    p.add_argument("--top-k", type=positive, default=1, help="experts per token (default 1)")
-    p.add_argument("--capacity-factor", type=positive_float, default=1.25, help="tokens an expert takes: f x k x N / E (default 1.25)")
-    p.add_argument("--aux-weight", type=nonnegative_float, default=0.01, help="weight of the load-balancing loss (default 0.01)")
+    p.add_argument("--top-k", type=bounded(MAX_RANKS * 64, "experts per token"), default=1, help="experts per token (default 1)")
+    p.add_argument("--capacity-factor", type=float_at_most(1e3, "past E / k no token is ever dropped"), default=1.25, help="tokens an expert takes: f x k x N / E (default 1.25)")
+    p.add_argument("--aux-weight", type=float_at_most(1e3, "a weight next to the loss", inclusive=True), default=0.01, help="weight of the load-balancing loss (default 0.01)")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     p.add_argument("--microbatches", type=batch_type, default=1, help="micro-batches per step and DP replica")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron-SP: LayerNorms and residuals on T/tp tokens")
@@ -68,7 +68,7 @@ def add_grid_options(p):
     p.add_argument("--heads", type=width_type, default=DEFAULT_MODEL["n_heads"])
     p.add_argument("--seq-len", type=seq_type, default=DEFAULT_MODEL["seq_len"])
     p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
-    p.add_argument("--lr", type=positive_float, default=3e-3, help="learning rate, finite and > 0 (default 3e-3)")
+    p.add_argument("--lr", type=float_at_most(10.0, "Adam diverges long before"), default=3e-3, help="learning rate, > 0 and at most 10 (default 3e-3)")
 
 
 def config_from(args) -> TrainConfig:
