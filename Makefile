@@ -33,7 +33,7 @@ lint: $(STAMP)
 
 # re-execute every notebook in place and store it with its outputs (text and figures)
 notebooks: $(STAMP)
-	$(BIN)/python -m minipar.notebooks
+	$(BIN)/python -m minipar.cli.notebooks
 
 # open the notebooks in JupyterLab (installs the notebooks extra first)
 lab: $(STAMP)

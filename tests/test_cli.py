@@ -308,3 +308,13 @@ def test_verbs_live_only_in_the_cli_and_nothing_below_it_imports_it():
     assert not bad, "\n".join(bad)
     common = ast.parse((root / "cli" / "common.py").read_text())  # the bottom of the cli: it imports no other cli module
     assert not [n.module for n in ast.walk(common) if isinstance(n, ast.ImportFrom) and n.level == 1]
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    # ``minipar lessons | head -1``: the pipe closes while minipar still writes
+    proc = subprocess.Popen([sys.executable, "-m", "minipar", "lessons"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

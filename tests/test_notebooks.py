@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from minipar.notebooks import check_rows, notebooks, problems
+from minipar.cli.notebooks import check_rows, notebooks, problems
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebooks()
@@ -20,7 +20,7 @@ def test_the_notebooks_are_found():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_and_every_check_passes(path):
     pytest.importorskip("nbclient")
-    from minipar.notebooks import execute
+    from minipar.cli.notebooks import execute
 
     nb = execute(path, timeout=300)
     assert not problems(nb), problems(nb)
@@ -45,7 +45,7 @@ def test_a_failing_check_row_fails_the_notebook(tmp_path, capsys):
     """A cell that prints a FAIL row: the run reports it and does not store the notebook."""
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
-    from minipar.notebooks import main
+    from minipar.cli.notebooks import main
 
     rows = "[{'what': 'ring all_reduce', 'error': 1e-16, 'tolerance': 1e-12, 'ok': True}, " \
            "{'what': 'planted bug', 'error': 0.5, 'tolerance': 1e-12, 'ok': False}]"

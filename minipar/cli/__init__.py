@@ -89,3 +89,6 @@ def main(argv=None) -> int:
     except UsageError as err:
         print(f"minipar: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (``minipar lessons | head``): stop quietly, as a pipe's writer does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left

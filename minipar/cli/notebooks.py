@@ -1,7 +1,7 @@
 """Execute the notebooks, store them with their outputs, and read the check rows they print.
 
-    python -m minipar.notebooks                              # every notebooks/*.ipynb, in place
-    python -m minipar.notebooks notebooks/03_pipeline.ipynb  # just this one
+    python -m minipar.cli.notebooks                              # every notebooks/*.ipynb, in place
+    python -m minipar.cli.notebooks notebooks/03_pipeline.ipynb  # just this one
     make notebooks                                           # the same as the first line
 
 Each notebook runs top to bottom in a fresh kernel (real ranks, as in the lessons) and is
@@ -23,7 +23,7 @@ import re
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\s*(ok|FAIL)\s+(.+?)\s+max rel\. error\s+(\S+)\s+\(tolerance\s+([^)]+)\)\s*$", re.MULTILINE)
 
 
@@ -70,7 +70,7 @@ def problems(nb) -> list[str]:
 def main(argv=None) -> int:
     import nbformat
 
-    p = argparse.ArgumentParser(prog="python -m minipar.notebooks", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minipar.cli.notebooks", description=__doc__.split("\n\n")[0])
     p.add_argument("paths", nargs="*", help="notebooks to run (default: every notebooks/*.ipynb)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per cell (default 900)")
     args = p.parse_args(argv)
