@@ -42,3 +42,30 @@ def test_notebooks_extra_and_the_command_that_opens_them():
     assert re.search(r'^notebooks = \[.*"jupyterlab', pyproject, re.MULTILINE)
     readme = (ROOT / "README.md").read_text()
     assert "make lab" in readme and "make notebooks" in readme
+
+
+# "seed 003", "the seed's rule": names the course's sources had while it was written, which a
+# learner never meets. The docs cite the documents by title (docs/sources.md). A random seed
+# ("seed 0", "the same seed", "range over seeds") does not match.
+INTERNAL_SOURCE_NAME = re.compile(r"seed\s+00\d|\bthe\s+seed(?:'s|\s|\\n)", re.IGNORECASE)
+
+
+def internal_source_names(root=ROOT):
+    """(path:line, text) of every place that names a source "seed 00N" or "the seed"."""
+    files = [root / "README.md"] + [p for d in ("minipar", "docs", "labs", "notebooks")
+                                    for p in sorted((root / d).rglob("*")) if p.is_file()]
+    hits = []
+    for path in files:
+        if path.suffix not in {".py", ".md", ".ipynb", ".json", ".txt", ".toml", ".cfg"}:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if INTERNAL_SOURCE_NAME.search(line):
+                hits.append((f"{path.relative_to(root)}:{n}", line.strip()[:120]))
+    return hits
+
+
+def test_sources_are_cited_by_title_not_by_internal_names():
+    assert (ROOT / "docs" / "sources.md").is_file() and "docs/sources.md" in (ROOT / "README.md").read_text()
+    hits = internal_source_names()
+    assert not hits, "cite the document by its title (docs/sources.md), not as a seed:\n" + "\n".join(
+        f"  {where}: {text}" for where, text in hits)

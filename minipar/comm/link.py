@@ -70,7 +70,7 @@ LINKS = {
                     "alpha as for NVLink 3"),
     "pcie": Link("pcie", 5e-6, 32e9,
                  "PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 = 31.5 GB/s per direction (PCI-SIG); "
-                 "what GPUs without NVLink use (NCCL_P2P_DISABLE=1 in seed 003's benchmark)"),
+                 "what GPUs without NVLink use (NCCL_P2P_DISABLE=1 in the Hugging Face guide's DDP benchmark)"),
     "infiniband": Link("infiniband", 5e-6, 25e9,
                        "HDR InfiniBand, 200 Gb/s = 25 GB/s per port; a DGX A100 has one port per GPU "
                        "(NVIDIA DGX A100 user guide; Narayanan et al. 2021, sec. 5)"),

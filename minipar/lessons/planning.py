@@ -13,7 +13,8 @@ messages: the rank sleeps at least the link's alpha + n beta for what it sent (c
 trace), and the data still arrives intact (a delay, not a replacement). ``check_memory``: the
 planner's bytes per rank equal what lesson 05's trainer counts on its ranks, to the byte.
 
-``feel_ddp`` and ``feel_tp`` are the measured halves of seed 003's two lessons about links:
+``feel_ddp`` and ``feel_tp`` are the measured halves of two lessons about links in the
+Hugging Face guide "Efficient Training on Multiple GPUs" (docs/sources.md):
 DDP with and without NVLink, and tensor parallelism losing across a slow link. ``feel`` runs
 them under each link and sets the planner's prediction beside each measurement.
 """
@@ -129,7 +130,7 @@ def _block_stack(layers, hidden, heads, seed=0):
 
 def feel_runs(comm, links=("none", "nvlink", "pcie", "ethernet"), slowdown=200.0, steps=5, ddp=None, tp=None,
               pairs=None):
-    """Seed 003's two link lessons, measured in ONE job on 2 ranks, every link on its own copy of
+    """The Hugging Face guide's two link lessons, measured in ONE job on 2 ranks, every link on its own copy of
     the communicator (``emulated``), the variants taking turns step by step so that the load of a
     shared machine hits them alike. Seconds per step, best of ``steps`` (slowest rank):
 
@@ -216,7 +217,7 @@ def feel(links=("none", "nvlink", "pcie", "ethernet"), slowdown=200.0, steps=5, 
 
 
 def feel_summary(rows) -> list[str]:
-    """The effects seed 003 talks about, measured and predicted: what each link adds to a DDP step,
+    """The effects the Hugging Face guide talks about, measured and predicted: what each link adds to a DDP step,
     and TP=2's speed-up over TP=1 on each link (below 1: TP loses)."""
     get = {(r["what"], r["link"]): r for r in rows}
     out = []

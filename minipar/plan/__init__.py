@@ -13,7 +13,7 @@ Modules: ``models`` (parameters, FLOPs), ``hardware`` (presets with sources), ``
 machine measured, the file the this-machine preset reads), ``memory`` (ZeRO states + the
 activation tables of ``minipar.activations``), ``timing`` (compute, collectives, DP),
 ``pipeline`` (lesson 03's simulator), ``search``, ``predict`` (one configuration; a trainer
-run), ``advice`` (runners-up, seed 003's rule of thumb), ``report`` (what ``minipar plan``
+run), ``advice`` (runners-up, the Hugging Face guide's rule of thumb), ``report`` (what ``minipar plan``
 prints).
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Words for the numbers: why the runners-up lose, and seed 003's rule of thumb beside the search.
+"""Words for the numbers: why the runners-up lose, and the rule of thumb of the Hugging Face
+guide "Efficient Training on Multiple GPUs" (docs/sources.md) beside the search.
 
-Seed 003 ("which strategy to use when") decides by three questions: one GPU, one node or many;
-does the model fit on one GPU, does its largest layer; is the interconnect fast. Each leaf lists
+The guide's last section, "which strategy to use when", decides by three questions: one GPU, one
+node or many; does the model fit on one GPU, does its largest layer; is the interconnect fast. Each leaf lists
 techniques, usually fastest first. ``rule_of_thumb`` walks that tree for a problem;
 ``compare_rule`` finds the best configuration that uses only the rule's first choice and says
 where the search agrees or why it does not.
@@ -79,7 +80,7 @@ def fits_one_gpu(prob: Problem) -> tuple[bool, bool]:
 
 
 def rule_of_thumb(prob: Problem) -> tuple[str, list[str]]:
-    """(the branch of seed 003's tree, its techniques in the seed's order)."""
+    """(the branch of the Hugging Face guide's tree, its techniques in the guide's order)."""
     whole, layer = fits_one_gpu(prob)
     hw = prob.hw
     if prob.gpus == 1:
@@ -119,9 +120,9 @@ def describe_family(cfg) -> str:
 
 
 def compare_rule(res: Result) -> list[str]:
-    """Seed 003's advice for this problem, and how the search's answer relates to it."""
+    """The Hugging Face guide's advice for this problem, and how the search's answer relates to it."""
     branch, rule = rule_of_thumb(res.prob)
-    lines = [f"rule of thumb (seed 003, 'which strategy to use when'): {branch}: "
+    lines = [f'rule of thumb (Hugging Face, "Efficient Training on Multiple GPUs": which strategy to use when): {branch}: '
              + ", ".join(f"{i}. {r}" for i, r in enumerate(rule, 1))]
     lines += [f"  {r} runs here: {RUNS[r]}" for r in rule]
     if not res.ranked:

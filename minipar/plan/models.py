@@ -117,7 +117,7 @@ MODELS = {m.name: m for m in [
     _megatron("megatron-22b", 64, 6144, 48),  # Korthikanti et al. 2022, Table 3
     # BLOOM: ALiBi (no position embeddings), vocab 250880 (bigscience tr11-176B-ml)
     ModelSpec(70, 14336, 112, 2048, 250880, name="bloom-176b", position_embeddings=False),
-    ModelSpec(12, 768, 12, 1024, 50257, name="gpt2"),  # seed 003's DDP benchmark model
+    ModelSpec(12, 768, 12, 1024, 50257, name="gpt2"),  # the Hugging Face guide's DDP benchmark model
 ]}
 
 
