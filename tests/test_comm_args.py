@@ -1,4 +1,5 @@
 """Bad arguments raise a clear error naming the argument (a world of one rank, in-process)."""
+import os
 import sys
 
 import numpy as np
@@ -93,6 +94,23 @@ def test_the_report_names_the_users_line():
     frame = inside_the_library()
     assert frame.f_code.co_filename.endswith("minipar/collectives.py")
     assert user_line(frame).startswith("tests/test_comm_args.py:")
+
+
+def test_the_report_skips_the_engines_frames_for_the_users_line():
+    # a torch rank blocked in a receive waits in torch.distributed's ``work.wait()``: that line is
+    # the engine's, and the report must name the user's call that led there
+    import sysconfig
+
+    from minipar.comm.watchdog import user_line
+
+    engine = os.path.join(sysconfig.get_paths()["purelib"], "torch", "distributed", "distributed_c10d.py")
+
+    def inside_the_engine():
+        return eval(compile("sys._getframe()", engine, "eval"), {"sys": sys})
+
+    frame = inside_the_engine()
+    assert frame.f_code.co_filename == engine
+    assert user_line(frame).startswith("tests/test_comm_args.py:"), user_line(frame)
 
 
 def test_sendrecv_announces_both_peers_and_tags(comm):

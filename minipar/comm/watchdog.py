@@ -40,6 +40,7 @@ import linecache
 import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -53,6 +54,9 @@ POLL = 0.2
 GRACE = 3.0
 # lesson drivers, inside the library, are written as a user would: their lines are the user's
 _USER_CODE_INSIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lessons")
+# the engines' and Python's own code (torch.distributed's ``work.wait()``, mpi4py, runpy) is not the user's either
+_ENGINES = tuple(sorted({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                         for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 
 
 def timeout_from_env(default: float = DEFAULT_TIMEOUT) -> float:
@@ -81,10 +85,12 @@ def new_report_dir() -> str:
 
 
 def user_line(frame) -> str | None:
-    """``file:line: code`` of the innermost frame that is not minipar's library code."""
+    """``file:line: code`` of the innermost frame that is the user's: not minipar's library code,
+    and not an engine's or Python's own (a rank blocked in torch.distributed waits in torch's
+    ``work.wait()``; the line to show is the user's call that led there)."""
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not in_library(path) or path.startswith(_USER_CODE_INSIDE + os.sep):
+        if path.startswith(_USER_CODE_INSIDE + os.sep) or not (in_library(path) or path.startswith(_ENGINES)):
             return f"{shown(path)}:{frame.f_lineno}: {linecache.getline(path, frame.f_lineno).strip()}"
         frame = frame.f_back
     return None
