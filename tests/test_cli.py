@@ -368,7 +368,7 @@ def fake_checkpoint(monkeypatch, step=5):
     import minipar.train.checkpoint
     from minipar.train.config import DEFAULT_MODEL
 
-    index = {"model": dict(DEFAULT_MODEL), "train": {"batch": 32}, "step": step}
+    index = {"model": dict(DEFAULT_MODEL), "train": {"batch": 32, "lr": 0.003}, "step": step}
     monkeypatch.setattr(minipar.train.checkpoint, "read_index", lambda d: (d, index))
 
 
@@ -377,6 +377,25 @@ def test_resume_to_a_step_the_checkpoint_passed_is_one_line(steps, capsys, monke
     fake_checkpoint(monkeypatch)
     code, out, err = in_process(["train", "--resume", "ck", "--steps", steps], capsys, monkeypatch)
     assert (code, out) == (2, "") and err.count("\n") == 1 and "the checkpoint is at step 5" in err, err
+
+
+@pytest.mark.parametrize("flag, value, key", [("--d-model", "128", "d_model"), ("--layers", "7", "n_layers"),
+                                               ("--batch", "8", "batch"), ("--lr", "0.5", "lr")])
+def test_resume_refuses_a_flag_the_checkpoint_contradicts(flag, value, key, capsys, monkeypatch):
+    # the model and its training settings come from the checkpoint: a flag saying otherwise was
+    # silently ignored, so the run trained something else than asked
+    fake_checkpoint(monkeypatch)
+    code, out, err = in_process(["train", "--resume", "ck", "--steps", "9", flag, value], capsys, monkeypatch)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and f"{flag}={value}" in err and key in err, err
+
+
+def test_resume_accepts_flags_that_agree_with_the_checkpoint(capsys, monkeypatch):
+    from minipar.train.config import DEFAULT_MODEL
+
+    fake_checkpoint(monkeypatch)
+    argv = ["train", "--resume", "ck", "--steps", "9", "--d-model", str(DEFAULT_MODEL["d_model"]), "--batch", "32"]
+    with pytest.raises(AssertionError, match="ranks were launched"):  # it got as far as launching
+        in_process(argv, capsys, monkeypatch)
 
 
 def test_an_empty_prompt_is_one_line(capsys, monkeypatch):

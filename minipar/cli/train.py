@@ -95,6 +95,7 @@ def add_verbs(verbs):
     t.add_argument("--save-every", type=bounded(10**9, "steps", low=0), default=0, metavar="K", help="checkpoint every K steps (and at the end)")
     t.add_argument("--resume", metavar="DIR", help="continue from this checkpoint, on any grid")
     t.set_defaults(func=cmd_train)
+    t.set_defaults(defaults_of_train={flag: t.get_default(flag) for flag in FIXED_BY_CHECKPOINT})
 
     g = subparsers.add_parser("generate", help="greedy text from a checkpoint, with a KV cache, on TP ranks",
                               **_example('minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"'))
@@ -168,6 +169,25 @@ def expert_line(experts) -> str:
     return f"  tokens/expert {min(kept)}..{max(kept)}  dropped {dropped} ({dropped / routed:.1%})"
 
 
+# a flag of ``train`` that the checkpoint fixes: where its value is in the checkpoint's index
+FIXED_BY_CHECKPOINT = {"d_model": ("model", "d_model"), "layers": ("model", "n_layers"), "heads": ("model", "n_heads"),
+                       "seq_len": ("model", "seq_len"), "experts": ("model", "n_experts"), "top_k": ("model", "top_k"),
+                       "batch": ("train", "batch"), "lr": ("train", "lr")}
+
+
+def contradicts(args, index):
+    """Refuse a flag given with ``--resume`` that says otherwise than the checkpoint (the model and
+    its training settings come from the checkpoint; silently ignoring the flag would train
+    something else than asked). A flag left at its default, or equal to the checkpoint's, is fine."""
+    defaults = args.defaults_of_train
+    for flag, (part, key) in FIXED_BY_CHECKPOINT.items():
+        given, saved = getattr(args, flag), index.get(part, {}).get(key)
+        if saved is not None and given != defaults[flag] and given != saved:
+            name = "--" + flag.replace("_", "-")
+            raise UsageError(f"{name}={given}: the checkpoint {args.resume} was trained with {key}={saved}, and a resumed "
+                             f"run continues it as it is; drop {name}, or start a new run without --resume")
+
+
 def cmd_train(args) -> int:
     from ..launcher import launch
     from ..trace import write_chrome_trace
@@ -178,6 +198,7 @@ def cmd_train(args) -> int:
             from ..train.checkpoint import read_index
 
             _, index = read_index(args.resume)
+            contradicts(args, index)
             cfg = cfg.with_(model=GPTConfig(**index["model"]), batch=index["train"]["batch"])
             if args.steps <= index.get("step", 0):
                 raise UsageError(f"--steps={args.steps}: the checkpoint is at step {index['step']}, so it trains "
