@@ -142,17 +142,21 @@ def minipar_cli(*args, env=None, timeout=300):
 @pytest.mark.parametrize("args,needle", [
     (["--ranks", "4", "--mesh", "3x2"], "--mesh 3x2 has 3x2 = 6 ranks, but --ranks is 4"),
     (["--model", "gpt"], "--model 'gpt'"),
-    (["--budget", "0"], "--budget 0"),
+    (["--budget", "0"], "argument --budget: expected a number > 0, got '0'"),
     (["--n-heads", "5"], "n_heads=5"),
     (["--mesh", "2x"], "--mesh '2x'"),
-    (["--ranks", "0"], "--ranks 0"),
+    (["--ranks", "0"], "argument --ranks/-n: expected a number of ranks >= 1, got '0'"),
 ])
 def test_search_refuses_bad_input_in_one_line_before_launching(args, needle, capsys, monkeypatch):
     import minipar.launcher
     from minipar.cli import main
 
     monkeypatch.setattr(minipar.launcher, "launch", lambda *a, **k: pytest.fail("launched ranks"))
-    assert main(["search", *args]) == 2
+    try:
+        code = main(["search", *args])
+    except SystemExit as exit_:  # refused by the argument's type, as argparse refuses
+        code = exit_.code
+    assert code == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1 and needle in out.err and "Traceback" not in out.err
 
