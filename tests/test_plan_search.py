@@ -99,8 +99,13 @@ def test_nothing_fits_lists_the_smallest_footprints():
 
 
 def _plan(*args, capsys):
-    code = main(["plan", *args])
-    return code, capsys.readouterr().out
+    """(exit code, what it printed: stdout, then stderr) of ``minipar plan ARGS``."""
+    try:
+        code = main(["plan", *args])
+    except SystemExit as exit_:  # refused by an argument's type, as argparse refuses
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out + out.err
 
 
 def test_json_has_exactly_the_listed_keys(tmp_path, capsys):
@@ -128,7 +133,7 @@ def test_json_has_exactly_the_listed_keys(tmp_path, capsys):
     (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--zero", "3", "--pp", "2"], "ZeRO-2/3"),
     (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--link", "pcie"], "--link emulates"),
     (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "6", "--dp", "64"], "no valid configuration"),
-    (["--model", "gpt3-175b", "--gpus", "0", "--global-batch", "8"], "--gpus must be"),
+    (["--model", "gpt3-175b", "--gpus", "0", "--global-batch", "8"], "argument --gpus: expected a whole number >= 1"),
 ])
 def test_cli_errors_are_one_line(args, needle, capsys):
     code, text = _plan(*args, capsys=capsys)
