@@ -60,8 +60,9 @@ def test_cli_memory_verb(tmp_path, capsys):
     assert data["total_bytes"] == pytest.approx(16.640625e9)
     args = parse(["memory", "--params", "1e9", "--offload", "--stage", "1", "--dp", "8"])
     assert args.func(args) == 0 and "host" in capsys.readouterr().out
-    args = parse(["memory", "--params", "0"])
-    assert args.func(args) == 2
+    with pytest.raises(SystemExit) as refused:  # a size of 0 is refused by the argument's type
+        parse(["memory", "--params", "0"])
+    assert refused.value.code == 2 and "argument --params" in capsys.readouterr().err
 
 
 def test_ledger_counts_live_arrays_only():
