@@ -1,4 +1,5 @@
 """Pipeline schedules as data: generators, validator, simulator, plots and the CLI verb."""
+import pathlib
 import argparse
 import json
 import subprocess
@@ -276,7 +277,7 @@ def test_plots_write_files(tmp_path):
                                               measured={"1f1b": [(2, 0.4)]}),
              plot.plot_inflight_memory(tmp_path / "c.png", p=3, m=4), tmp_path / "t.png"]
     for path in paths:
-        assert path.read_bytes()[:4] == b"\x89PNG"
+        assert pathlib.Path(path).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_simulate_replays_given_durations():
