@@ -83,7 +83,7 @@ LESSONS = [
             "train_tokens_per_s.png"),
            packages=("minipar.train",), run="train",
            grader="minipar.labs.lab05", solution="minipar.labs.lab05_solution",
-           verbs=("train", "generate", "bench train", "run train")),
+           verbs=("train", "generate", "bench train", "bench gpu", "run train")),
     Lesson("06", "sequence_experts", "Long sequences and many experts: ring attention, Ulysses, MoE with all-to-all dispatch",
            "minipar.lessons.sequence_experts:tour", ("minipar.figures.sequence_experts",),
            "labs/06_sequence_experts", "notebooks/06_sequence_experts.ipynb",

@@ -31,6 +31,7 @@ from . import ops
 from .sharding import P, R, Shard, block, local_block
 from .transitions import redistribution_steps, run_step, step_time
 from .simulate import Costs, signatures
+from ..xp import to_numpy
 
 SIZES = (2**10, 2**13, 2**16, 2**19)  # bytes per rank's tensor in the collective fit
 # wall: seconds on the clock (what a step takes). cpu: seconds this process ran (leaves out the
@@ -67,7 +68,7 @@ def machine_key(comm, dtype, mesh_shape, clock="wall") -> str:
 
 def _mean_over_ranks(comm, values):
     a = comm.asarray(np.asarray(values, dtype=np.float64))
-    return np.asarray(collectives.all_reduce(comm, a), dtype=np.float64) / comm.size
+    return to_numpy(collectives.all_reduce(comm, a)).astype(np.float64) / comm.size
 
 
 def _max_over_ranks(comm, value):

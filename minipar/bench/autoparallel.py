@@ -28,6 +28,7 @@ from ..autoparallel.models import build
 from ..autoparallel.search import decode, encode, mcmc
 from ..autoparallel.sharding import Mesh
 from ..autoparallel.simulate import Simulator
+from ..xp import to_numpy
 
 
 def keep_freed_memory() -> bool:
@@ -69,12 +70,13 @@ def search_on_ranks(comm, sim, sp, starts, budget, seed=0, iterations=None):
     mine = {n: starts[n] for n in names[comm.rank:] + names[:comm.rank]}  # my turn goes first
     res = mcmc(sim, sp, mine, budget=budget, iterations=iterations, seed=seed * 1000 + comm.rank)
     costs = collectives.all_gather(comm, comm.asarray(np.array([res.cost])))
-    winner = int(np.argmin(np.asarray(costs)))
+    costs = to_numpy(costs)  # (from the GPU, under torch on cuda)
+    winner = int(np.argmin(costs))
     codes = comm.asarray(np.array(encode(res.best, sp), dtype=np.int64))
     codes = collectives.broadcast(comm, codes, root=winner)
     stats = collectives.all_gather(comm, comm.asarray(np.array([res.iterations, res.accepted, res.chains],
                                                                 dtype=np.int64)))
-    return decode(np.asarray(codes), sp), float(np.asarray(costs)[winner]), np.asarray(stats).reshape(-1, 3), res
+    return decode(to_numpy(codes), sp), float(costs[winner]), to_numpy(stats).reshape(-1, 3), res
 
 
 def compare(comm, model="block", mesh=None, budget=20.0, reps=5, dtype="float64", seed=0, recalibrate=False,

@@ -9,6 +9,7 @@
     minipar train -n 4 --dp 4 --experts 8 --top-k 2 --steps 5 --compare   # a mixture of experts over dp
     minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"
     minipar bench train --steps 3 --json bench_train.json                 # minipar.bench.train
+    minipar bench gpu -n 2 --json gpu.json         # on a CUDA GPU: allocator vs ledgers (minipar.bench.gpu)
     minipar run -n 4 train                                                # minipar.lessons.train
 
 Every shape is checked before a rank starts (``check_shapes``): a grid that does not fit is one
@@ -20,7 +21,7 @@ import sys
 
 from ..errors import UsageError
 from ..launcher import LaunchError
-from ..bench import train as train_bench
+from ..bench import gpu as gpu_bench, train as train_bench
 from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
 from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
@@ -63,6 +64,8 @@ def add_grid_options(p):
     p.add_argument("--zero", type=int, default=0, help="0: DDP; 1: ZeRO-1 (Adam state sharded over dp)")
     p.add_argument("--dtype", choices=DTYPES, default="float64")
     p.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="torch backend: where the ranks compute (cuda: NCCL with a GPU per rank, else gloo with host staging)")
     p.add_argument("--layers", type=layers_type, default=DEFAULT_MODEL["n_layers"])
     p.add_argument("--d-model", type=width_type, default=DEFAULT_MODEL["d_model"])
     p.add_argument("--heads", type=width_type, default=DEFAULT_MODEL["n_heads"])
@@ -115,6 +118,18 @@ def add_verbs(verbs):
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
     p.add_argument("--json", metavar="FILE", type=output_path)
     p.set_defaults(func=train_bench.run)
+
+    gp = verbs.bench.add_parser("gpu", help="on a CUDA GPU: the allocator's bytes vs the ledgers, and the TP matmul split",
+                                **with_example("minipar bench gpu -n 2 --json gpu.json"))
+    gp.add_argument("-n", type=ranks, default=2, help="ranks sharing the GPU (default 2)")
+    gp.add_argument("--units", type=bounded(64, "layers"), default=4, help="ZeRO model: Linear layers (default 4)")
+    gp.add_argument("--width", type=width_type, default=1024, help="ZeRO model: layer width (default 1024)")
+    gp.add_argument("--batch", type=batch_type, default=64, help="ZeRO model: global batch (default 64)")
+    gp.add_argument("--mixed", action="store_true", help="ZeRO: float16 working copy + float32 master")
+    gp.add_argument("--pp", type=ranks, default=1, help="trainer grid: pipeline stages (default 1)")
+    gp.add_argument("--tp", type=ranks, default=2, help="trainer grid: tensor-parallel ranks (default 2)")
+    gp.add_argument("--json", metavar="FILE", type=output_path)
+    gp.set_defaults(func=gpu_bench.run)
 
     r = lesson_run_parser(verbs.run, "train", "a small GPT on a DP x PP x TP grid vs one process: losses, "
                           "replicas, activation peak and traffic vs the formulas",
@@ -209,6 +224,7 @@ def cmd_train(args) -> int:
                              f"are trained on this machine (lower --layers / --d-model)")
         if args.save_every < 0:
             raise UsageError(f"--save-every={args.save_every}: must be >= 0")
+        device = _device(args)
     except (UsageError, OSError) as err:
         print(f"minipar train: error: {err}", file=sys.stderr)
         return 2
@@ -216,10 +232,11 @@ def cmd_train(args) -> int:
     moe = f", {m.n_experts} experts (top-{m.top_k}, capacity factor {m.capacity_factor})" if m.n_experts else ""
     cp = f" cp={cfg.cp} ({cfg.cp_attention})" if cfg.cp > 1 else ""
     print(f"minipar train: GPT {m.n_layers} layers x d={m.d_model} x {m.n_heads} heads, T={m.seq_len}{moe}, "
-          f"{m.num_params():,} parameters; dp={cfg.dp} pp={cfg.pp}{cp} tp={cfg.tp} on {args.n} ranks ({args.backend})",
+          f"{m.num_params():,} parameters; dp={cfg.dp} pp={cfg.pp}{cp} tp={cfg.tp} on {args.n} ranks "
+          f"({args.backend}{', ' + (device or 'cpu') if args.backend == 'torch' else ''})",
           flush=True)
     try:
-        out = launch(args.n, "minipar.cli.train:run_rank", backend=args.backend, quiet=False, cfg=cfg,
+        out = launch(args.n, "minipar.cli.train:run_rank", backend=args.backend, device=device, quiet=False, cfg=cfg,
                      job_timeout=7 * 24 * 3600.0, save=args.save, save_every=args.save_every, resume=args.resume,
                      traced=bool(args.trace))
     except LaunchError as err:
@@ -264,6 +281,20 @@ def cmd_train(args) -> int:
     if args.json:
         write_json(args.json, result)
     return 0 if ok else 1
+
+
+def _device(args) -> str | None:
+    """``--device``, checked before any rank starts: cuda needs the torch backend and a GPU."""
+    from ..comm import check_backend
+
+    if args.device == "cpu":
+        return None
+    check_backend(args.backend, args.device)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here; use --device cpu")
+    return args.device
 
 
 def launch_failed(verb, err, echoed) -> int:

@@ -21,6 +21,7 @@ overlap there comes from the engine's own threads, not from polling.
 from __future__ import annotations
 
 import gc
+import inspect
 import os
 import socket
 import sys
@@ -63,6 +64,11 @@ def rendezvous():
         os.environ["MASTER_PORT"] = str(world.bcast(_free_port() if world.rank == 0 else None, 0))
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     return world.rank, world.size, local.rank
+
+
+# torch >= 2.13: new_group(..., sort_ranks=False) keeps the caller's order (group rank = position in
+# the list); before it, a group's ranks are always in the world's order
+_KEEPS_ORDER = "sort_ranks" in inspect.signature(dist.new_group).parameters
 
 
 def choose_engine(device: str, local_size: int) -> tuple[str, str | None]:
@@ -217,7 +223,10 @@ class TorchComm(Comm):
             return None
         members = sorted((k, w) for c, k, w in everyone if c == color)
         ranks = [w for _, w in members]
-        group = dist.new_group(ranks, use_local_synchronization=True, sort_ranks=False)
+        if ranks != sorted(ranks) and not _KEEPS_ORDER:
+            raise UsageError(f"split {name!r}: the key orders its ranks {ranks} unlike the world's, and this torch "
+                             f"({torch.__version__}) can only make groups in the world's order (sort_ranks: torch >= 2.13)")
+        group = dist.new_group(ranks, use_local_synchronization=True, **({"sort_ranks": False} if _KEEPS_ORDER else {}))
         return TorchComm(group, self.device, self.engine, self.tracer, self.watchdog, name)
 
     def empty(self, shape, dtype="float64"):
@@ -277,10 +286,11 @@ class TorchBuiltin:
 
     def all_to_all(self, x):
         t = self._stage(x.contiguous())
-        ins = list(torch.chunk(t, self.comm.size))
-        outs = [torch.empty_like(c) for c in ins]
-        self._run("all_to_all", dist.all_to_all, outs, ins, group=self.group)
-        return self._back(torch.cat(outs), x)
+        sizes = [len(c) for c in torch.chunk(t, self.comm.size)]
+        out = torch.empty_like(t)
+        # all_to_all_single: gloo has no list all_to_all before torch 2.13, every engine has this one
+        self._run("all_to_all", dist.all_to_all_single, out, t, sizes, sizes, group=self.group)
+        return self._back(out, x)
 
     def all_to_all_v(self, x, send_counts):
         """(rows received, recv_counts), like ``collectives.all_to_all_v``."""

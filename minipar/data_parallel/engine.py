@@ -126,7 +126,9 @@ class Engine:
         self.layers = list(model.children().items())  # (name, module), run in this order
         self.units = [name for name, m in self.layers if m.num_params()]
         self.index = {u: i for i, u in enumerate(self.units)}
-        self.like = next(p for _, p in model.named_parameters())  # a full-precision param
+        # a one-element array with a parameter's dtype and device: holding the parameter itself would keep
+        # a stale copy of it alive once the engine has moved the weights into its flat buffers
+        self.like = zeros((1,), like=next(p for _, p in model.named_parameters()))
         self.dtype = working_dtype(self.like, mixed)
         self.b_work = itemsize(zeros((1,), like=self.like, dtype=self.dtype))  # bytes per working param
         self.adam = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, mixed=mixed, offload=offload)

@@ -204,6 +204,7 @@ def dispatch_matrix(comm, E=None, k=2, seed=3, n_tokens=32):
     rng = np.random.default_rng(seed)
     dense = make_moe(rng, E, comm.size, k, capacity_factor=1.0)
     x = rng.standard_normal((comm.size * n_tokens, C))[comm.rank * n_tokens:(comm.rank + 1) * n_tokens]
-    _, ctx = ExpertParallelMoE(comm, dense).forward(comm.asarray(x))
+    x = comm.asarray(x)
+    _, ctx = ExpertParallelMoE(comm, dense).to(x).forward(x)
     r = ctx["routing"]
     return {"kept": r.counts.tolist(), "routed": r.routed.tolist(), "capacity": dense.group_capacity(n_tokens)}

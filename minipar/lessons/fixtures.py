@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import nn
 from ..data_parallel import local_batch
+from ..xp import to_numpy
 
 DIMS = (5, 7, 6, 3)  # units of 42, 48 and 21 weights
 
@@ -39,7 +40,7 @@ def max_error(got: dict, want: dict, relative=True) -> float:
     """max over parameters of max |got - want| (/ max |want|): 0.0 means bitwise equal."""
     errs = []
     for n, w in want.items():
-        g, w = np.asarray(got[n], np.float64), np.asarray(w, np.float64)
+        g, w = to_numpy(got[n]).astype(np.float64), to_numpy(w).astype(np.float64)  # from any device
         errs.append(np.max(np.abs(g - w)) / (np.max(np.abs(w)) if relative else 1.0))
     return float(max(errs))
 

@@ -29,7 +29,7 @@ import numpy as np
 from .. import nn
 from ..collectives import all_gather, all_reduce, reduce_scatter
 from ..comm.link import ENV, LINKS, QUANTUM, SLOWDOWN_ENV
-from ..xp import chunk_bounds
+from ..xp import chunk_bounds, to_numpy
 from .common import rel_error
 
 # ZeRO (Rajbhandari et al. 2020), Table 1: GB per device, model states only; columns
@@ -89,11 +89,11 @@ def link_probe(comm, sizes=(4096, 65536, 262144), reps=3, ring_bytes=1 << 20, se
         buf = comm.empty(x.shape, "float64")
         for _ in range(reps):
             comm.sendrecv(x, peer, buf, peer)
-            intact &= bool(np.array_equal(np.asarray(buf), want))
+            intact &= bool(np.array_equal(to_numpy(buf), want))
     v = comm.asarray(np.random.default_rng([seed, comm.rank]).standard_normal(ring_bytes // 8))
     total = all_reduce(comm, v, "ring")
     want = sum(np.random.default_rng([seed, r]).standard_normal(ring_bytes // 8) for r in range(comm.size))
-    intact &= bool(np.max(np.abs(np.asarray(total) - want)) <= 1e-12 * np.max(np.abs(want)))
+    intact &= bool(np.max(np.abs(to_numpy(total) - want)) <= 1e-12 * np.max(np.abs(want)))
     comm.tracer.enabled = False
     events = [(e.kind, e.t_end - e.t_start, e.bytes) for e in comm.tracer.events
               if e.kind in ("send", "recv", "sendrecv", "isend", "irecv")]
