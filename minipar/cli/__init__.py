@@ -5,7 +5,7 @@
     minipar run -n 4 collectives         run one lesson's checks on real ranks
     minipar check 01 [--task 1.3]        grade your lab exercise
     minipar bench collectives -n 4       ours vs the builtin all-reduce, busbw per size
-    minipar figures                      regenerate every figure in figures/
+    minipar figures --into figures       regenerate every figure in figures/ (default: figures-out/)
 
 Every verb has ``--help`` with an example. The verbs of the whole course are in
 ``minipar/cli/course.py``; each lesson's own verbs are in the module its entry in

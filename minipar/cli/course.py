@@ -15,11 +15,13 @@ import os
 import time
 
 from ..course import LESSONS, lesson
+from ..figures import DEFAULT_OUT as FIGURES_OUT
 from ..launcher import LaunchError, launch
 from ..lessons.common import merge_rows
-from .common import Verbs, nonnegative_float, ranks, run_options, with_example
+from .common import Verbs, nonnegative_float, progress, ranks, run_options, with_example
 
 VERBS = ("tour", "lessons", "check", "figures")  # beside the groups `run` and `bench`, which the lessons fill
+FIGURES_MINUTES = 11  # every lesson's figures on a 2-core laptop (lesson 02: 4 minutes of it)
 
 
 def add_verbs(top) -> Verbs:
@@ -52,8 +54,13 @@ def add_verbs(top) -> Verbs:
     b = top.add_parser("bench", help="benchmarks: ours vs the engine's own", **with_example("minipar bench collectives -n 4 --json bench.json"))
     bench = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
 
-    f = top.add_parser("figures", help="regenerate every figure from real runs and the models", **with_example("minipar figures --only collectives"))
-    f.add_argument("--out", default="figures")
+    f = top.add_parser("figures", help="regenerate every figure from real runs and the models",
+                       description=f"Draws every lesson's figures from real runs and the models: about {FIGURES_MINUTES} "
+                                   f"minutes on 2 cores (lesson 02's TP benchmark alone about 4).",
+                       **with_example("minipar figures --into figures                # the committed figures\n"
+                                      "  minipar figures --only collectives --quick   # into figures-out/"))
+    f.add_argument("--into", metavar="DIR", default=FIGURES_OUT,
+                   help=f"where the figures go (default {FIGURES_OUT}/; the committed ones: --into figures)")
     f.add_argument("--only", help="one lesson (key or name)")
     f.add_argument("--quick", action="store_true", help="smaller runs (for tests)")
     f.set_defaults(func=cmd_figures)
@@ -105,7 +112,7 @@ def cmd_tour(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     print(f"minipar tour: {len(lessons)} lesson(s) on {args.n} ranks ({where}); figures go to {args.out}/", flush=True)
     table, figures, ok = [], [], True
-    for i, ls in enumerate(lessons, 1):
+    for i, ls in enumerate(progress(lessons, desc="tour", unit="lesson"), 1):
         print(f"[{i}/{len(lessons)}] {ls.key} {ls.name}: running on {args.n} ranks ...", flush=True)
         t0 = time.perf_counter()
         try:
@@ -142,12 +149,17 @@ def cmd_tour(args) -> int:
 
 
 def cmd_figures(args) -> int:
-    lessons = [lesson(args.only)] if args.only else LESSONS
-    for ls in (ls for ls in lessons if ls.figures_modules):
+    lessons = [ls for ls in ([lesson(args.only)] if args.only else LESSONS) if ls.figures_modules]
+    count = sum(len(ls.figures) for ls in lessons)
+    how_long = "" if args.only or args.quick else f"; about {FIGURES_MINUTES} minutes on 2 cores"
+    print(f"minipar figures: regenerates {count} figures of {len(lessons)} lesson{'s' * (len(lessons) != 1)}"
+          f"{how_long}, into {args.into}/", flush=True)
+    os.makedirs(args.into, exist_ok=True)
+    for ls in progress(lessons, desc="figures", unit="lesson"):
         t0 = time.perf_counter()
         print(f"{ls.key} {ls.name}: drawing figures ...", flush=True)
         for module in ls.figures_modules:
-            for path in importlib.import_module(module).make(args.out, quick=args.quick):
+            for path in importlib.import_module(module).make(args.into, quick=args.quick):
                 print(f"  wrote {path}", flush=True)
         print(f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
     return 0

@@ -33,7 +33,7 @@ from ..plan.models import MODELS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
 from ..records import write_json
-from .common import bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report, with_example
+from .common import bounded, lesson_run_parser, output_path, positive_float, progress, ranks, run_and_report, with_example
 
 # The planner enumerates every split of the GPUs (and of the batch) into dp x tp x pp x ...: past
 # this it runs for minutes. The largest training runs published use about 10^5 GPUs.
@@ -65,6 +65,7 @@ def add_verbs(verbs):
 
     k = verbs.bench.add_parser(
         "links", help="DDP and TP under emulated links, measured vs the planner's prediction",
+        description="One job runs every link, then prints a row per run: about 25 s on 2 cores.",
         **with_example("minipar bench machine && minipar bench links --slowdown 200"))
     k.add_argument("--links", nargs="+", default=["none", "nvlink", "pcie", "ethernet"],
                    choices=["none", *EMULATED_LINKS], help="links to emulate (none: the real transfer only)")
@@ -75,10 +76,16 @@ def add_verbs(verbs):
 
     h = verbs.bench.add_parser(
         "plan", help="the planner vs lesson 05's trainer on this machine: every grid's step time and memory",
+        description="Measures this machine, then trains lesson 05's GPT on every grid of 1, 2, 4 and 8 ranks, "
+                    "one job each: a few minutes on 2 cores.",
         epilog="example:\n  minipar bench plan --steps 3 --json here.json   (or: python -m minipar.bench.plan)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_plan.add_arguments(h)
-    h.set_defaults(func=bench_plan.cmd_here)
+    h.set_defaults(func=cmd_bench_plan)
+
+
+def cmd_bench_plan(args) -> int:
+    return bench_plan.cmd_here(args, progress=progress)
 
 
 def cmd_run(args) -> int:
