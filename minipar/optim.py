@@ -4,6 +4,7 @@
     opt = Adam(params, lr=1e-3)
     opt.step([g for _, g in model.named_grads()])    # updates every param in place
     opt.state_bytes()                                 # Adam keeps m and v: 2x the params' bytes
+    norm = clip_grad_norm(grads, 1.0)                 # before the step: global L2 norm at most 1
 
 The step functions work on arrays of any shape, including 1-D views into a flat buffer: ZeRO
 calls ``adam_step`` on the shard of the flattened parameters that a rank owns. Because the update
@@ -15,6 +16,26 @@ from __future__ import annotations
 import math
 
 from .xp import namespace, nbytes, zeros
+
+
+def clip_scale(norm, max_norm):
+    """The factor ``torch.nn.utils.clip_grad_norm_`` multiplies every gradient by:
+    max_norm / (norm + 1e-6), clamped at 1 (below the threshold the gradients stay as they are).
+    ``norm`` is the global L2 norm, sqrt of the sum of squares of every gradient of the model."""
+    return min(1.0, max_norm / (norm + 1e-6))
+
+
+def clip_grad_norm(grads, max_norm):
+    """Scale ``grads`` in place so that their global L2 norm is at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` does; returns the norm before clipping. One process: every
+    gradient is here once. On a grid the sum of squares is taken over ranks, each parameter counted
+    once (``minipar.train.trainer.Trainer.clip_grads``), and the same factor applied everywhere."""
+    grads = list(grads)
+    norm = math.sqrt(sum(float(namespace(g).sum(g * g)) for g in grads))
+    scale = clip_scale(norm, max_norm)
+    for g in grads:
+        g *= scale
+    return norm
 
 
 def sgd_step(param, grad, lr):

@@ -90,6 +90,12 @@ class DDP(Engine):
     def optimizer_parts(self):
         return [(flat, opt, (0, flat.n_pad)) for _, flat, _, _, opt in self.buckets]
 
+    def grad_pieces(self):
+        """Every replica holds the same average: group rank 0 answers for all of it, the others for none."""
+        if self.comm.rank != 0:
+            return []
+        return [(mod, name, G[a:b]) for _, flat, _, G, _ in self.buckets for mod, name, _, a, b in flat.slots]
+
     def predicted_memory(self):
         pad = sum(f.n_pad for _, f, *_ in self.buckets) - self.psi
         return zero_bytes(self.psi, self.comm.size, 0, *self.bytes_per_param(), self.adam["offload"], pad=pad)

@@ -200,6 +200,12 @@ class Engine:
         """[(Flat, FlatAdam, (a, b))]: each optimizer and the range [a, b) of its flat buffer it updates."""
         raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
+    def grad_pieces(self):
+        """[(module, name, view)]: after ``sync_grads``, the part of each averaged gradient this
+        rank answers for, so that over the group every element is counted exactly once (a global
+        gradient norm): all of it on one rank (DDP), each rank its shard (ZeRO)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
+
     def optimizer_pieces(self):
         """[(module, name, lo, hi, m, v)]: for each parameter this rank's optimizer updates (all of
         it, or with ZeRO a slice), the range [lo, hi) of the flattened parameter and views of

@@ -17,6 +17,8 @@ dense GPT trained in one process on the same batches (computed on every rank, it
     tied copies    the first stage's wte shard bitwise equal to the last stage's copy
     experts        tokens per expert (kept and routed, every layer, every step) equal to one
                    process's exactly, and E/dp experts per layer on every rank
+    clipping       (``clip``) every step's global gradient norm equal to one process's, 1e-12: each
+                   parameter counted once; and the first step's norm above ``clip`` (it clipped)
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ def label(cfg) -> str:
     extra += [cfg.dtype] if cfg.dtype != "float64" else []
     extra += ["Ulysses"] if cfg.cp > 1 and cfg.cp_attention == "ulysses" else []
     extra += [f"E={M.n_experts} top-{M.top_k} f={M.capacity_factor}"] if M.n_experts else []
+    extra += [f"clip {cfg.clip}"] if cfg.clip is not None else []
     cp = f" cp{cfg.cp}" if cfg.cp > 1 else ""
     return f"dp{cfg.dp} pp{cfg.pp}{cp} tp{cfg.tp}" + (f" ({', '.join(extra)})" if extra else "")
 
@@ -90,11 +93,17 @@ def digest(a) -> str:
     return hashlib.sha1(np.ascontiguousarray(to_numpy(a)).tobytes()).hexdigest()
 
 
-def grid_rows(sub, cfg, tr, losses, ref_losses, ref_params, tol=TOL, param_tol=TOL, ref_experts=None):
+def grid_rows(sub, cfg, tr, losses, ref_losses, ref_params, tol=TOL, param_tol=TOL, ref_experts=None, ref_norms=None):
     """The checks of one trained configuration, on every rank of ``sub``: losses, parameters,
-    replicas, tied copies; with experts also the tokens per expert of every step."""
+    replicas, tied copies; with experts also the tokens per expert of every step; with clipping
+    the gradient norm of every step."""
     what = label(cfg)
     rows = [row(f"{what}: losses of {len(losses)} steps", rel_error(np.array(losses), np.array(ref_losses)), tol)]
+    if cfg.clip is not None:
+        err = rel_error(np.array(tr.grad_norms), np.array(ref_norms)) if len(tr.grad_norms) == len(ref_norms) else 1.0
+        rows.append(row(f"{what}: gradient norm of every step = one process's (each parameter once)", err, tol))
+        rows.append(row(f"{what}: the first step clipped (its norm {tr.grad_norms[0]:.3g} > clip {cfg.clip})",
+                        0.0 if tr.grad_norms[0] > cfg.clip else 1.0, 0.0))
     full = dict(ref_params, **{"head.wte": ref_params["embed.wte"]})
     err = 0.0
     for st in tr.stages.values():
@@ -141,20 +150,20 @@ def check_grids(comm, configs, steps=5, mutant=None):
     refs, rows = {}, []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=steps))
-        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps)
+        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip)
         if cfg.model.n_experts:  # the routing groups follow the grid (train_reference)
             key += (cfg.dp, cfg.microbatches)
         if key not in refs:
-            record = []
-            refs[key] = train_reference(cfg, record=record) + (record,)
+            record, norms = [], []
+            refs[key] = train_reference(cfg, record=record, norms=norms) + (record, norms)
         sub = first_ranks(comm, ranks_of(cfg), f"cfg{i}")
         if sub is not None:
             with planted(mutant):
                 tr, losses, _ = train(sub, cfg)
             f64 = cfg.dtype == "float64"
-            ref_losses, ref_params, ref_experts = refs[key]
+            ref_losses, ref_params, ref_experts, ref_norms = refs[key]
             rows += grid_rows(sub, cfg, tr, losses, ref_losses, ref_params, tol=TOL if f64 else 1e-5,
-                              param_tol=TOL if f64 else 1e-4, ref_experts=ref_experts)
+                              param_tol=TOL if f64 else 1e-4, ref_experts=ref_experts, ref_norms=ref_norms)
         wait_politely(comm)
     return rows
 

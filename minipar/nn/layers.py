@@ -33,7 +33,12 @@ class Module:
     """Base class. A layer with weights keeps them in ``params`` (name -> array) and their
     gradients in ``grads`` (same names and shapes). A composite holds its child modules as
     attributes; the order they are assigned in is the order of ``named_parameters()``.
+
+    ``sharded``: the names of the params that a parallel layer splits over its group (each rank
+    a different piece); every other param is whole, the same on every rank of the group.
     """
+
+    sharded = ()  # a dense layer splits nothing
 
     def __init__(self):
         self.params = {}

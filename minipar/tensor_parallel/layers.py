@@ -10,7 +10,9 @@ equal) and keeps its API: ``params``/``grads``, ``forward(x) -> (y, ctx)``,
 ``backward(dy, ctx) -> dx`` = ``backward_input`` then ``backward_weight``, ``.to(like)``.
 Only the shapes of the weights and the communication (``ops.py``) differ. ``shard(name, full)``
 says which piece of the dense parameter ``name`` this rank holds; tests compare the gradient
-shards with the same slices of the dense gradients.
+shards with the same slices of the dense gradients. ``sharded`` names the parameters a class
+splits (the others, like RowParallelLinear's bias, are whole on every rank: a global gradient
+norm counts them once, not p times).
 
 Building from the dense layer is the simplest way to get identical weights on every rank; it
 holds the full weights for a moment (a real system draws each shard directly).
@@ -45,6 +47,8 @@ class ColumnParallelLinear(nn.Linear):
     sequence_parallel: x holds this rank's T/p tokens; forward all-gathers the tokens
     (sp_gather), backward reduce-scatters dx. Raises ValueError if p does not divide d_out.
     """
+
+    sharded = ("w", "b")  # both split by columns
 
     def __init__(self, comm, dense: nn.Linear, gather_output=False, blocks=1, sequence_parallel=False):
         nn.Module.__init__(self)
@@ -93,6 +97,8 @@ class RowParallelLinear(nn.Linear):
     sequence_parallel: the all-reduce becomes a reduce-scatter of the tokens (sp_scatter):
     the output holds this rank's T/p tokens. Raises ValueError if p does not divide d_in.
     """
+
+    sharded = ("w",)  # b is whole on every rank
 
     def __init__(self, comm, dense: nn.Linear, input_is_parallel=True, sequence_parallel=False):
         nn.Module.__init__(self)

@@ -78,6 +78,8 @@ class VocabParallelEmbedding(nn.Embedding):
     scatter-add, ids outside my rows skipped.
     """
 
+    sharded = ("wte",)
+
     def __init__(self, comm, dense: nn.Embedding, sequence_parallel=False):
         nn.Module.__init__(self)
         self.comm, self.sp = comm, sequence_parallel
@@ -142,6 +144,8 @@ class VocabParallelHead(nn.LMHead):
     ``tied``: the VocabParallelEmbedding on this rank; else ``dense`` (an nn.Embedding) gives
     this rank's copy of its rows.
     """
+
+    sharded = ("wte",)  # its own copy's rows (pipeline: the last stage), or none (tied)
 
     def __init__(self, comm, tied=None, dense: nn.Embedding | None = None, sequence_parallel=False):
         nn.Module.__init__(self)

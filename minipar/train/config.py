@@ -37,6 +37,7 @@ class TrainConfig(Layout):
     data: str = "random"  # "random" (checks) or "sorting" (the task)
     data_seed: int = 1
     cp_attention: str = "ring"  # the attention core over cp: "ring" or "ulysses"
+    clip: float | None = None  # clip the gradients to this global L2 norm before Adam (None: no clipping)
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -65,6 +66,9 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
     if cfg.zero not in (0, 1):
         raise UsageError(f"--zero={cfg.zero!r}: choose 0 or 1 (ZeRO-2/3 split the gradients per "
                          f"micro-batch, see docs/train.md)")
+    if cfg.clip is not None and (isinstance(cfg.clip, bool) or not isinstance(cfg.clip, (int, float))
+                                 or not 0 < cfg.clip < float("inf")):
+        raise UsageError(f"--clip={cfg.clip!r}: the largest global gradient norm, a number > 0")
     if cfg.dtype not in DTYPES:
         raise UsageError(f"--dtype={cfg.dtype!r}: choose one of {', '.join(DTYPES)}")
     n = cfg.ranks

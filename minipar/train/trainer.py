@@ -24,7 +24,12 @@ A step, on every rank:
    step. Experts are not averaged: each is held by one rank of the dp group, whose dispatch
    already summed every replica's tokens into its gradient; it is divided by dp
    (``sync_experts``) and stepped alone. What the MoE layers report (aux loss, tokens per
-   expert) is kept by ``train.experts.ExpertLog``.
+   expert) is kept by ``train.experts.ExpertLog``;
+4. with ``clip``, before the Adam step: the global gradient norm, every parameter of the model
+   counted once (``clip_grads``: a TP shard on its rank, a parameter whole on every TP rank on
+   TP rank 0, the tied embedding on the first stage, one DP replica's average or every ZeRO
+   shard, each expert on its owner), one all-reduce of that sum of squares over all ranks, and
+   every gradient scaled by the same factor as one process's ``clip_grad_norm_``.
 
 The gradient of the mean loss over the global batch is the mean over the dp x cp ranks of the
 mean over their micro-batches, because every micro-batch has the same number of tokens on every
@@ -34,6 +39,7 @@ chunks, and why the losses equal one process's.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import numpy as np
@@ -43,11 +49,11 @@ from ..context_parallel import SeqLayout
 from ..data_parallel import DDP
 from ..grid import Grid, axis_color
 from ..nn import Module, cross_entropy
-from ..optim import Adam
+from ..optim import Adam, clip_grad_norm, clip_scale
 from ..pipeline.execute import run_schedule
 from ..pipeline.schedules import make_schedule
 from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
-from ..xp import copy, storage
+from ..xp import copy, namespace, storage
 from ..zero import ZeRO1
 from .config import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
 from .experts import ExpertLog, expert_totals, split_experts
@@ -140,6 +146,10 @@ class Trainer:
         self.data = make_data(cfg)
         self.peak_activations = 0
         self.history = []
+        self.grad_norms = []  # with cfg.clip: each step's global gradient norm, before clipping
+        last = self.stages.get(S - 1)
+        # the last stage's own copy of the tied embedding (pp > 1): its gradient equals the first stage's
+        self.tied_copy = last.head if last is not None and "wte" in last.head.params and not self.first else None
         self._param_keys = {storage(a)[0] for st in self.stages.values() for _, a in st.named_parameters()}
 
     # ----------------------------------------------------------------- one step
@@ -196,6 +206,40 @@ class Trainer:
         for e in self.engines:
             e.sync_grads()
 
+    def counted_here(self, module, name) -> bool:
+        """Whether this rank's piece of ``module``'s parameter ``name`` enters the global gradient
+        norm: a piece split over tp (``module.sharded``) on every TP rank; a parameter whole on
+        every TP rank (LayerNorms, row-parallel biases, position embeddings, routers, experts) on
+        TP rank 0 only, its partners hold the same; the last stage's copy of the tied embedding
+        never, the first stage's counts."""
+        if module is self.tied_copy:
+            return False
+        return name in module.sharded or self.grid.coords[2] == 0
+
+    def grad_norm(self) -> float:
+        """The global L2 norm of the model's gradient, every parameter counted once: each engine
+        says which part of its averaged gradients this rank answers for (DDP: one replica of the
+        dp x cp group, ZeRO-1: every rank its shard; the experts' engine: the owner), and
+        ``counted_here`` which of those the tp and pp axes count; then one all-reduce of the
+        sum of squares over every rank."""
+        mine = sum((float(namespace(g).sum(g * g)) for e in self.engines for module, name, g in e.grad_pieces()
+                    if self.counted_here(module, name)), 0.0)  # a float64 even when this rank counts nothing
+        total = all_reduce(self.comm, self.comm.asarray(np.array([mine], dtype=np.float64)))  # (1,): the sum over ranks
+        return math.sqrt(float(total[0]))
+
+    def scale_grads(self, scale: float):
+        """Every gradient this rank steps with times ``scale`` (the same on every rank)."""
+        for st in self.stages.values():
+            for _, g in st.named_grads():
+                g *= scale
+
+    def clip_grads(self) -> float:
+        """Clip by the global norm as ``torch.nn.utils.clip_grad_norm_(max_norm=cfg.clip)`` does in
+        one process (``optim.clip_scale``); returns the norm before clipping."""
+        norm = self.grad_norm()
+        self.scale_grads(clip_scale(norm, self.cfg.clip))
+        return norm
+
     def step(self, step: int):
         """One optimizer step on the global batch ``step``; returns this rank's loss (the mean over
         its micro-batches of the cross-entropy of its tokens) on the last stage, else None. With
@@ -210,6 +254,8 @@ class Trainer:
         self.sync_tied()  # emb: the tied embedding's gradient summed over the first and last stage
         self.sync_experts()  # nothing sent: an expert's gradient already holds every replica's tokens
         self.sync_dp()  # dp: the replicated gradients averaged over the dp x cp ranks
+        if self.cfg.clip is not None:  # all: the global norm, each parameter counted once
+            self.grad_norms.append(self.clip_grads())
         for e in self.engines:
             e.optimizer_step()  # Adam (ZeRO-1: on my shard, then the updated shards all-gathered over dp x cp)
         return out["loss"]
@@ -243,7 +289,8 @@ def train(comm, cfg: TrainConfig, report=None, dense=None, trainer=None, start=0
     rank 0 holds its lock from before the first step to the end (a second run saving there fails
     at once, naming this one: ``saving.owning``). ``trace_step``: trace that step only
     (``comm.tracer``). ``trainer.history`` gets each step's tokens per expert ({MoE layer:
-    {"kept", "routed"}}, empty without experts).
+    {"kept", "routed"}}, empty without experts); with ``cfg.clip`` the record has "grad_norm",
+    the step's global gradient norm before clipping (``trainer.grad_norms``).
     """
     with owning(save) if save and comm.rank == 0 else contextlib.nullcontext():
         tr = trainer or Trainer(comm, cfg, dense)
@@ -262,7 +309,7 @@ def train(comm, cfg: TrainConfig, report=None, dense=None, trainer=None, start=0
             tr.history.append(experts)
             if report is not None and comm.rank == 0:
                 report(step, {"loss": losses[-1], "time": times[-1], "memory": [e[3] for e in everyone],
-                              "experts": experts})
+                              "experts": experts, "grad_norm": tr.grad_norms[-1] if cfg.clip is not None else None})
             if save and ((save_every and (step + 1) % save_every == 0) or step + 1 == cfg.steps):
                 save_checkpoint(tr, save, step + 1)
     return tr, losses, times
@@ -280,8 +327,10 @@ def global_loss(cfg, parts) -> float:
 # ------------------------------------------------------------------- the one-process reference
 
 
-def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, record=None, progress=None):
-    """The dense GPT, one process, float64, the whole global batch per step, torch's Adam.
+def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, record=None, progress=None, norms=None):
+    """The dense GPT, one process, float64, the whole global batch per step, torch's Adam (and,
+    with ``cfg.clip``, torch's ``clip_grad_norm_`` before it; ``norms``: a list to which each
+    step's gradient norm before clipping is appended).
 
     Returns (losses, {dense name: final parameter}). Every grid must reproduce both.
 
@@ -305,7 +354,9 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
             moe.groups, moe.aux_groups, moe.log = cfg.dp * m, m, []
     losses, steps = [], steps if steps is not None else cfg.steps
     for step in (progress or (lambda it, **_: it))(range(steps), desc="one-process reference", total=steps, unit="step"):
-        loss = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows])
+        loss, norm = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows], cfg.clip)
+        if norms is not None:
+            norms.append(norm)
         aux = sum(moe.log[0][0] for _, moe in moes)
         losses.append(float(loss) + aux if moes else float(loss))
         if record is not None:
@@ -315,12 +366,16 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     return losses, {n: np.array(p) for n, p in model.named_parameters()}
 
 
-def dense_step(model, opt, ids):
+def dense_step(model, opt, ids, clip=None):
     """One step of the dense GPT on token ids (B, T+1) in one process: forward, cross-entropy,
-    backward, Adam. Returns the loss (the cross-entropy; MoE aux losses are in the layers' logs)."""
+    backward, [clipping by the global norm, as torch's ``clip_grad_norm_(max_norm=clip)``], Adam.
+    Returns (the loss, the gradient norm before clipping or None): the loss is the cross-entropy;
+    MoE aux losses are in the layers' logs."""
     model.zero_grad()
     logits, ctx = model.forward(ids[:, :-1])  # (B, T, V)
     loss, dlogits = cross_entropy(logits, ids[:, 1:])
     model.backward(dlogits, ctx)
-    opt.step([g for _, g in model.named_grads()])
-    return loss
+    grads = [g for _, g in model.named_grads()]
+    norm = clip_grad_norm(grads, clip) if clip is not None else None  # every parameter is here once
+    opt.step(grads)
+    return loss, norm

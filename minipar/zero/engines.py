@@ -106,6 +106,17 @@ class ZeRO1(Engine):
     def optimizer_parts(self):
         return [(self.flats[u], self.opts[u], self.shard_bounds[u]) for u in self.units]
 
+    def grad_pieces(self):
+        """My shard of each unit's averaged gradient (the only part of it that is averaged here),
+        cut at the parameters' edges: the shards of the group cover every element once."""
+        out = []
+        for u in self.units:
+            (lo, hi), shard = self.shard_bounds[u], self.grad_shard(u)
+            for mod, name, _, a, b in self.flats[u].slots:
+                if max(a, lo) < min(b, hi):
+                    out.append((mod, name, shard[max(a, lo) - lo:min(b, hi) - lo]))
+        return out
+
     # -- reading results and predicting memory
     def params_numpy(self):
         """{qualified name: NumPy copy} of the full parameters, on every rank."""
