@@ -7,6 +7,7 @@
     minipar train -n 2 --dp 2 --resume ckpt/ --steps 400            # any other grid
     minipar train -n 8 --dp 2 --cp 2 --tp 2 --steps 5 --compare     # the sequence split over cp too
     minipar train -n 4 --dp 4 --experts 8 --top-k 2 --steps 5 --compare   # a mixture of experts over dp
+    minipar train -n 4 --dp 2 --tp 2 --clip 1.0 --steps 5 --compare       # clipped by the global gradient norm
     minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"
     minipar bench train --steps 3 --json bench_train.json                 # minipar.bench.train
     minipar bench gpu -n 2 --json gpu.json         # on a CUDA GPU: allocator vs ledgers (minipar.bench.gpu)
@@ -26,8 +27,8 @@ from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
 from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
 from ..records import write_json
-from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, progress, ranks,
-                     run_and_report, with_example)
+from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, positive_float, progress,
+                     ranks, run_and_report, with_example)
 
 # Bounds on the model's shape: the model is NumPy (or torch) on this machine, so a shape past
 # these is a typo, not a plan; MAX_PARAMS is checked on the product (what the memory must hold).
@@ -72,6 +73,8 @@ def add_grid_options(p):
     p.add_argument("--seq-len", type=seq_type, default=DEFAULT_MODEL["seq_len"])
     p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
     p.add_argument("--lr", type=float_at_most(10.0, "Adam diverges long before"), default=3e-3, help="learning rate, > 0 and at most 10 (default 3e-3)")
+    p.add_argument("--clip", type=positive_float, metavar="NORM",
+                   help="clip the gradients to this global L2 norm before Adam, every parameter counted once (default: no clipping)")
 
 
 def config_from(args) -> TrainConfig:
@@ -81,7 +84,8 @@ def config_from(args) -> TrainConfig:
     return TrainConfig(model, dp=args.dp, pp=args.pp, tp=args.tp, schedule=args.schedule,
                        microbatches=args.microbatches, sequence_parallel=args.sequence_parallel,
                        recompute=args.recompute, zero=args.zero, steps=args.steps, batch=args.batch,
-                       dtype=args.dtype, lr=args.lr, data="sorting", cp=args.cp, cp_attention=args.cp_attention)
+                       dtype=args.dtype, lr=args.lr, data="sorting", cp=args.cp, cp_attention=args.cp_attention,
+                       clip=args.clip)
 
 
 def add_verbs(verbs):
@@ -168,15 +172,16 @@ def run_rank(comm, cfg, save=None, save_every=0, resume=None, traced=False):
     def report(step, rec):
         peak = max(m["total"] for m in rec["memory"])
         print(f"step {step:5d}  loss {rec['loss']:.4f}  tokens/s {tokens / rec['time']:9.0f}  "
-              f"step {rec['time'] * 1e3:8.1f} ms  peak/rank {peak / 2**20:7.2f} MiB" + expert_line(rec["experts"]),
-              flush=True)
+              f"step {rec['time'] * 1e3:8.1f} ms  peak/rank {peak / 2**20:7.2f} MiB" + expert_line(rec["experts"])
+              + (f"  grad norm {rec['grad_norm']:.3g}" if rec["grad_norm"] is not None else ""), flush=True)
 
     tr, losses, times = train(comm, cfg, report, trainer=tr, start=start, save=save, save_every=save_every,
                               trace_step=min(start + 1, cfg.steps - 1) if traced else None)
     events = merge(comm) if traced else []
     memory = comm.builtin.allgather_object(dict(tr.memory(), coords=tr.grid.coords, cp=tr.grid.cp_rank, rank=comm.rank))
     return {"start": start, "losses": losses, "step_times_s": times, "memory": memory, "trace": events,
-            "unigram_entropy": tr.data.unigram_entropy(), "tokens_per_step": tokens, "experts": tr.history}
+            "unigram_entropy": tr.data.unigram_entropy(), "tokens_per_step": tokens, "experts": tr.history,
+            "grad_norms": tr.grad_norms}
 
 
 def expert_line(experts) -> str:
@@ -267,6 +272,8 @@ def cmd_train(args) -> int:
         result["routed_per_expert"] = [{k: e["routed"] for k, e in step.items()} for step in rec["experts"]]
         result["dropped_tokens"] = [sum(sum(e["routed"]) - sum(e["kept"]) for e in step.values())
                                     for step in rec["experts"]]
+    if cfg.clip is not None:  # per step: the global gradient norm before clipping
+        result["grad_norms"] = rec["grad_norms"]
     ok = True
     if args.compare:
         from ..train.trainer import train_reference

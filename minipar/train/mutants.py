@@ -29,6 +29,15 @@
     recompute_counted      the forward that full recomputation runs again inside the backward is
                            counted in the report: tokens per expert and aux loss twice over
 
+Clipping by the global gradient norm (``clip``), which must count every parameter once:
+
+    clip_replicated_per_tp parameters whole on every TP rank (LayerNorms, row-parallel biases,
+                           wpe) counted on each of them: tp times (gradient norm, losses)
+    clip_tied_twice        the tied embedding counted on the first and on the last stage
+    clip_every_replica     DDP's averaged gradient counted on every dp replica: dp times
+    clip_skipped_on_one_rank  the last rank computes the norm but steps unclipped: its weights
+                           drift from the others' (losses, parameters, replicas)
+
 They patch the library inside the rank that runs them (tests and the lab's grader use them).
 """
 from __future__ import annotations
@@ -42,7 +51,8 @@ from ..xp import contiguous, namespace
 
 MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_axis", "selective_keeps_probs",
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
-           "experts_everywhere", "recompute_counted")
+           "experts_everywhere", "recompute_counted", "clip_replicated_per_tp", "clip_tied_twice",
+           "clip_every_replica", "clip_skipped_on_one_rank")
 
 
 @contextlib.contextmanager
@@ -55,6 +65,7 @@ def planted(name):
         raise ValueError(f"no mutant {name!r}; choose one of {MUTANTS}")
     from .. import grid
     from ..context_parallel import layer
+    from ..data_parallel import ddp
     from ..nn import recompute
     from ..tensor_parallel import vocab
     from . import generate, model, trainer
@@ -109,6 +120,20 @@ def planted(name):
     elif name == "recompute_counted":
         original = trainer.Trainer.sample
         patch(trainer.Trainer, "sample", lambda self, action, held: original(self, action._replace(kind="F"), held))
+    elif name == "clip_replicated_per_tp":
+        patch(trainer.Trainer, "counted_here", lambda self, module, name: module is not self.tied_copy)
+    elif name == "clip_tied_twice":
+        patch(trainer.Trainer, "counted_here",
+              lambda self, module, name: name in module.sharded or self.grid.coords[2] == 0)
+    elif name == "clip_every_replica":
+        def grad_pieces(self):  # every replica answers for the whole average
+            return [(mod, n, G[a:b]) for _, flat, _, G, _ in self.buckets for mod, n, _, a, b in flat.slots]
+
+        patch(ddp.DDP, "grad_pieces", grad_pieces)
+    elif name == "clip_skipped_on_one_rank":
+        original = trainer.Trainer.scale_grads
+        patch(trainer.Trainer, "scale_grads",
+              lambda self, scale: None if self.comm.rank == self.comm.size - 1 else original(self, scale))
     try:
         yield
     finally:
