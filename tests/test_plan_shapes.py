@@ -14,7 +14,7 @@ from minipar.errors import UsageError
 from minipar.memory import Precision, precision_table
 from minipar.plan.config import Config, Configs, Problem
 from minipar.plan.hardware import preset
-from minipar.plan.memory import memory
+from minipar.plan.memory import block_tensors, memory, rank_params
 from minipar.plan.models import MODELS, ModelSpec, executed_flops, layer_flops, model_flops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,3 +186,24 @@ def test_cli_plans_a_moe_with_overrides_and_says_its_limits(capsys):
     assert code == 0
     assert "16 experts, top 4" in text and "no expert parallelism" in text
     assert "2 + 4 + 12 = 18 bytes per parameter" in text and "zero=1" in text
+
+
+def test_llama_block_activations_by_hand():
+    """Llama-3-8B's block, 16-bit, no dropout, b = 1: the norm, QKV, projection, norm and MLP inputs
+    (5 e s h), q (e s h), K and V (2 e s kv, kv = 8 x 128 = 1024), SwiGLU's gate and up (2 e s f),
+    the down projection's input (e s f), the softmax (e a s^2)."""
+    m = MODELS["llama3-8b"]
+    s, h, f, kv, a, e = m.seq, 4096, 14336, 1024, 32, 2
+    mem = block_tensors(Problem(m, 1, 1, preset("a100-80gb"), 1), 1, 1, 1, False)
+    assert sum(mem.values()) == e * s * (6 * h + 2 * kv + 3 * f) + e * a * s * s
+
+
+def test_untied_output_layer_is_split_over_tp_on_the_last_rank():
+    m = MODELS["llama3-8b"]
+    split, rep = m.layer_params()
+    emb, head, norm = 128256 * 4096, 128256 * 4096, 4096
+    for pp, first_want, last_want in ((1, 32 * (split / 8 + rep) + (emb + head) / 8 + norm, None),
+                                      (2, 16 * (split / 8 + rep) + emb / 8, 16 * (split / 8 + rep) + head / 8 + norm)):
+        first, last, _ = rank_params(Problem(m, 8 * pp, 8, preset("a100-80gb"), 8), Configs.of([Config(tp=8, pp=pp)]))
+        assert float(first[0]) == first_want
+        assert last_want is None or float(last[0]) == last_want
