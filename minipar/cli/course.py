@@ -1,5 +1,6 @@
-"""The verbs of the whole course: ``minipar tour``, ``lessons``, ``check`` and ``figures``, and
-the ``minipar run`` / ``minipar bench`` groups every lesson adds its own verbs to.
+"""The verbs of the whole course: ``minipar tour``, ``lessons``, ``check``, ``lab start`` /
+``lab solution`` and ``figures``, and the ``minipar run`` / ``minipar bench`` groups every lesson
+adds its own verbs to.
 
 ``minipar tour``: every lesson on real ranks, checked against its reference on the spot. For
 each lesson in ``minipar.course.LESSONS``: launch its driver on n ranks (mpiexec underneath),
@@ -7,20 +8,28 @@ collect the check rows (what ran, max error vs the reference, tolerance), then d
 from quick real runs. One table at the end.
 
 ``minipar figures``: regenerate every lesson's figures from real runs and the models.
+
+``minipar lab start NN`` copies lab NN's skeleton into a workspace (``./minipar-labs/NN_topic/``),
+which ``minipar check NN`` grades; ``minipar check NN --hint T`` gives task T's hints one stage at
+a time; ``minipar lab solution NN --task T`` shows minipar's answer (``minipar/labs/workspace.py``).
 """
 from __future__ import annotations
 
 import importlib
 import os
+import textwrap
 import time
+from pathlib import Path
 
 from ..course import LESSONS, lesson
+from ..errors import UsageError
 from ..figures import DEFAULT_OUT as FIGURES_OUT
+from ..labs import workspace
 from ..launcher import LaunchError, launch
 from ..lessons.common import merge_rows
 from .common import Verbs, nonnegative_float, progress, ranks, run_options, with_example
 
-VERBS = ("tour", "lessons", "check", "figures")  # beside the groups `run` and `bench`, which the lessons fill
+VERBS = ("tour", "lessons", "check", "lab start", "lab solution", "figures")  # beside the groups `run` and `bench`, which the lessons fill
 FIGURES_MINUTES = 11  # every lesson's figures on a 2-core laptop (lesson 02: 4 minutes of it)
 
 
@@ -42,14 +51,35 @@ def add_verbs(top) -> Verbs:
     run_options(r)
     run = r.add_subparsers(dest="lesson", metavar="LESSON", required=True)
 
-    c = top.add_parser("check", help="grade a lab exercise", **with_example("minipar check 01 --task 1.3 --file labs/01_collectives/exercise.py"))
+    c = top.add_parser("check", help="grade a lab exercise (your workspace's), or show a hint",
+                       **with_example("minipar check 01 --task 1.3\n  minipar check 01 --hint 1.3"))
     c.add_argument("lab", help="lab number, e.g. 01 (the labs: `minipar lessons`)")
     c.add_argument("--task", action="append", help="grade only this task (repeatable), e.g. 1.3")
-    c.add_argument("--file", help="the exercise file to grade (default: the lab's exercise.py)")
+    c.add_argument("--file", help="the exercise file to grade (default: your workspace's, "
+                                  "./minipar-labs/NN_topic/exercise.py, made by `minipar lab start NN`)")
     c.add_argument("--solution", action="store_true", help="grade minipar's own implementation (must pass)")
     c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="watchdog seconds per graded run (default 20)")
     c.add_argument("-v", "--verbose", action="store_true", help="show every failing check of a task, not only the first")
+    c.add_argument("--hint", metavar="TASK", help="grade nothing: show TASK's next hint (each task has 2 or 3, "
+                                                  "from a nudge to near-pseudocode; the stage reached is kept in the workspace)")
+    c.add_argument("--stage", type=int, help="with --hint: show this stage (1 = the nudge)")
     c.set_defaults(func=cmd_check)
+
+    lab = top.add_parser("lab", help="your copy of a lab to work in, and minipar's answers",
+                         **with_example("minipar lab start 01\n  minipar lab solution 01 --task 1.3"))
+    lab_verbs = lab.add_subparsers(dest="lab_verb", metavar="VERB", required=True)
+    s = lab_verbs.add_parser("start", help="copy a lab's skeleton into a workspace that `minipar check` grades",
+                             **with_example("minipar lab start 01          # -> ./minipar-labs/01_collectives/exercise.py"))
+    s.add_argument("lab", help="lab number, e.g. 01")
+    s.add_argument("dir", nargs="?", help="the workspace folder (default ./minipar-labs/NN_topic, which "
+                                          "`minipar check NN` grades; elsewhere, check it with --file)")
+    s.add_argument("--force", action="store_true", help="replace an exercise.py already there with the skeleton")
+    s.set_defaults(func=cmd_lab_start)
+    a = lab_verbs.add_parser("solution", help="print minipar's answer to a task (after the hints, not before)",
+                             **with_example("minipar lab solution 01 --task 1.3"))
+    a.add_argument("lab", help="lab number, e.g. 01")
+    a.add_argument("--task", help="one task, e.g. 1.3 (default: every task of the lab)")
+    a.set_defaults(func=cmd_lab_solution)
 
     b = top.add_parser("bench", help="benchmarks: ours vs the engine's own", **with_example("minipar bench collectives -n 4 --json bench.json"))
     bench = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
@@ -89,7 +119,64 @@ def cmd_lessons(args):
 def cmd_check(args):
     from ..labs import grader
 
+    if args.stage is not None and not args.hint:
+        raise UsageError("--stage goes with --hint TASK")
+    if args.hint:
+        return cmd_hint(args)
     return grader.main(args)
+
+
+def cmd_hint(args):
+    ls, task, stage, total, text, memory, furthest = workspace.hint(args.lab, args.hint, args.stage, args.file)
+    print(f"lab {ls.key}, task {task.key} ({task.title}): hint {stage} of {total}\n")
+    print(textwrap.indent(text, "    ") + "\n")
+    again = f"minipar check {ls.key} --hint {task.key}" + (f" --file {args.file}" if args.file else "")
+    if stage < total:
+        print(f"more: `{again}{'' if furthest and memory else f' --stage {stage + 1}'}` shows hint {stage + 1}")
+    else:
+        print(f"that was the last hint; the answer: `minipar lab solution {ls.key} --task {task.key}`")
+    print(f"(the stages seen are kept in {memory})" if memory else
+          f"(no workspace, so the stages seen are not kept: `minipar lab start {ls.key}`)")
+    return 0
+
+
+# --------------------------------------------------------------------------- minipar lab
+
+
+def cmd_lab_start(args):
+    ls, written = workspace.start(args.lab, args.dir, args.force)
+    for path in written:
+        print(f"wrote {path}  (lab {ls.key}'s skeleton: edit it there)")
+    default = Path(args.dir or workspace.default_folder(ls)).resolve() == workspace.default_folder(ls).resolve()
+    grade = f"minipar check {ls.key}" + ("" if default else f" --file {written[0]}")
+    first = tasks_of(ls)[0]
+    print(f"\nthe tasks: {workspace.skeleton(ls) / 'README.md'}\nnext, from {Path.cwd()}:")
+    for command, what in ((grade, "grade every task"), (f"{grade} --task {first}", "grade one task"),
+                          (f"{grade.replace(' --file', f' --hint {first} --file')}" if not default else
+                           f"{grade} --hint {first}", "stuck? a hint, one stage at a time"),
+                          (f"minipar lab solution {ls.key} --task {first}", "the answer")):
+        print(f"  {command:<44} # {what}" if len(command) < 44 else f"  {command}\n  {'':<44} # {what}")
+    return 0
+
+
+def tasks_of(ls):
+    return [t.key for t in workspace.tasks(ls)[0]]
+
+
+def cmd_lab_solution(args):
+    ls, answers = workspace.solution(args.lab, args.task)
+    what = f"task {args.task}" if args.task else f"every task of lab {ls.key}"
+    print(f"you asked for the solution: minipar's own answer to {what} follows "
+          f"(the hints come first: `minipar check {ls.key} --hint T`)\n")
+    for task, (where, source), calls in answers:
+        print(f"# ---- {task.key} {task.title}: {task.function}, {where}\n")
+        print(source)
+        for name, at, code in calls:
+            if code is None:
+                print(f"# it uses {name} ({at})\n")
+            else:
+                print(f"# it calls {name}, {at}:\n\n{code}")
+    return 0
 
 
 # --------------------------------------------------------------------------- minipar tour
