@@ -427,6 +427,16 @@ def test_an_empty_prompt_is_one_line(capsys, monkeypatch):
     assert (code, out) == (2, "") and err.count("\n") == 1 and "--prompt ''" in err, err
 
 
+@pytest.mark.parametrize("made", [False, True])
+def test_generate_without_a_checkpoint_says_how_to_make_one(made, tmp_path, capsys, monkeypatch):
+    ck = tmp_path / "ckpt"
+    if made:
+        ck.mkdir()  # an empty folder: a train that has not saved yet
+    code, out, err = in_process(["generate", "--checkpoint", str(ck)], capsys, monkeypatch)
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert f"minipar train -n 1 --steps 300 --save {ck}" in err, err
+
+
 @pytest.mark.parametrize("verb", ["train", "generate"])
 def test_a_failed_job_is_one_line_and_its_output_once(verb, capsys, monkeypatch):
     import minipar.launcher
