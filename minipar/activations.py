@@ -55,22 +55,35 @@ def minipar_block(b, s, h, f, a, t=1, cp=1, sp=False, e=8) -> dict:
     }
 
 
-def megatron_block(b, s, h, f, a, t=1, cp=1, sp=False, e=2, dropout=True) -> dict:
+def megatron_block(b, s, h, f, a, t=1, cp=1, sp=False, e=2, dropout=True, q=None, kv=None, mlp="gelu", copies=1) -> dict:
     """Bytes one block of Megatron's GPT keeps per micro-batch, by tensor, on one rank. With e = 2,
     f = 4h and dropout the sum is 34 s b h + 5 a s^2 b (t = 1); s b h (10 + 24/t) + 5 a s^2 b / t
     with TP; 34 s b h / t + 5 a s^2 b / t with TP and SP; 34 s b h / t with selective
-    recomputation as well (Korthikanti et al. 2022, table 2)."""
+    recomputation as well (Korthikanti et al. 2022, table 2).
+
+    Today's blocks: ``q`` the width of Q and of the projection's input (heads x head_dim, default
+    h), ``kv`` the width of K and of V (kv_heads x head_dim, default h: grouped-query attention
+    keeps 2 e s b kv of them instead of 2 e s b h); the scores have a (q) heads whatever kv is.
+    ``mlp="swiglu"``: the first layer makes gate and up (2 f wide: both kept, the product's
+    backward needs each), and the product silu(gate) * up is the second layer's input (f): 3 e s b f
+    where GeLU keeps 2 (its input, the second layer's input). ``copies``: MLPs a token visits (a
+    mixture of experts: top_k + shared, each with its own first-layer input copy of the token;
+    ``f`` is then one expert's width)."""
     T = s / cp  # queries of a rank; the scores are T x s
     r = np.where(sp, t, 1)  # what the tensors outside the TP region are divided by
     mask = 1 if dropout else 0  # bytes per element of a dropout mask
     drop = e if dropout else 0
+    q = h if q is None else q
+    kv = h if kv is None else kv
+    act = ({"GeLU input": e * T * b * f * copies / t} if mlp == "gelu" else
+           {"SwiGLU input (gate, up)": 2 * e * T * b * f * copies / t})
     return {
         "ln1 input": e * T * b * h / r, "qkv input": e * T * b * h / r,
-        "q, k": 2 * e * T * b * h / t, "softmax output": e * a * T * s * b / t,
+        "q, k": e * T * b * (q + kv) / t, "softmax output": e * a * T * s * b / t,
         "attention dropout mask": mask * a * T * s * b / t, "attention dropout output": drop * a * T * s * b / t,
-        "v": e * T * b * h / t, "proj input": e * T * b * h / t, "proj dropout mask": mask * T * b * h / r,
-        "ln2 input": e * T * b * h / r, "fc1 input": e * T * b * h / r,
-        "GeLU input": e * T * b * f / t, "fc2 input": e * T * b * f / t, "mlp dropout mask": mask * T * b * h / r,
+        "v": e * T * b * kv / t, "proj input": e * T * b * q / t, "proj dropout mask": mask * T * b * h / r,
+        "ln2 input": e * T * b * h / r, "fc1 input": e * T * b * h * copies / r,
+        **act, "fc2 input": e * T * b * f * copies / t, "mlp dropout mask": mask * T * b * h / r,
     }
 
 

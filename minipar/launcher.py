@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 
 from .comm import check_backend
@@ -200,11 +201,22 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
 
     Returns (exit code, combined output). Exit code 124 means we stopped it on the time limit.
     However the call ends (the limit, Ctrl-C, SIGTERM or SIGHUP, an error), the job ends with
-    it and leaves nothing behind (:func:`stop`).
+    it and leaves nothing behind (:func:`stop`). That includes a job that ended by itself after
+    a rank called ``MPI_Abort``: hydra's proxy then exits without removing its topology file, so
+    the file is noted while the job runs (``watch``) and removed when it is over.
     """
     with ending_on_signals():
-        proc, lines = None, []
+        proc, lines, held = None, [], set()
         stopping = threading.Event()  # from then on, mpiexec's "BAD TERMINATION" banner is not echoed
+        ended = threading.Event()
+
+        def watch():
+            """This job's hydra topology file: the one its processes hold open, once it exists (the
+            proxy makes it as it starts: 30 s of looking is plenty, and the watch ends with the job)."""
+            deadline = time.monotonic() + 30
+            while not held and proc.poll() is None and time.monotonic() < deadline:
+                held.update(_hydra_files([proc.pid] + [pid for pid, _ in _descendants(proc.pid)]))
+                ended.wait(0.2)
 
         def pump():
             for line in proc.stdout:
@@ -219,6 +231,8 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
                                         bufsize=1, env=env, start_new_session=True)
                 reader = threading.Thread(target=pump, daemon=True)
                 reader.start()
+                watcher = threading.Thread(target=watch, daemon=True)
+                watcher.start()
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             stopping.set()
@@ -230,6 +244,13 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
             if proc is not None:
                 stop(proc)
             raise
+        finally:
+            ended.set()
+            if proc is not None:
+                watcher.join(timeout=5)
+            for path in held:  # gone already where hydra ended normally
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
         reader.join(timeout=5)
         return code, "".join(lines)
 

@@ -31,6 +31,9 @@ of the formula: padding, and the layer(s) gathered or whose full gradient is ali
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
+
+from .errors import UsageError
 
 GB = 1e9
 CATEGORIES = ("params", "grads", "optimizer")
@@ -42,6 +45,54 @@ BYTES = {
     ("sgd", "mixed"): (2, 2, 8),  # SGD with momentum: fp32 master + momentum
     ("sgd", "fp32"): (4, 4, 4),  # momentum
 }
+
+# Megatron-LM's convention (its "Distributed Optimizer" guide): the optimizer keeps an fp32 main
+# copy of 16-bit weights, and of 16-bit gradients too (the ZeRO paper's K = 12 does not count that
+# one); with fp32 gradients (Megatron's default for bf16) the gradient buffer is itself the main
+# gradient. Its "distributed optimizer" shards the optimizer's part over the d data-parallel ranks:
+# ZeRO-1 with these bytes.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes of weights and gradients, and the bytes per parameter they cost with Adam.
+
+        Precision("bf16").bytes        # (2, 4, 12): bf16 weights, fp32 main grads, fp32 master + m + v = 18
+        Precision("bf16", "bf16").bytes  # (2, 2, 16): + an fp32 copy of the gradients = 20
+        Precision("fp32").bytes        # (4, 4, 8): no master copy = 16
+    """
+
+    params: str = "bf16"
+    grads: str = "fp32"
+
+    def __post_init__(self):
+        for k in ("params", "grads"):
+            if getattr(self, k) not in DTYPE_BYTES:
+                raise UsageError(f"{k} dtype {getattr(self, k)!r}: choose one of {', '.join(DTYPE_BYTES)}")
+        if self.grads != "fp32" and self.grads != self.params:
+            raise UsageError(f"gradients in {self.grads} with {self.params} weights: they are kept in the "
+                             f"weights' dtype or in fp32")
+
+    @property
+    def bytes(self) -> tuple[int, int, int]:
+        """(weights, gradients, optimizer K) bytes per parameter, zero_bytes' arguments."""
+        bp, bg = DTYPE_BYTES[self.params], DTYPE_BYTES[self.grads]
+        master = 4 if bp < 4 else 0  # fp32 main weights beside 16-bit ones
+        main_grad = 4 if bg < 4 else 0  # fp32 main gradients beside 16-bit ones
+        return bp, bg, master + main_grad + 8  # + Adam's m and v in fp32
+
+
+def precision_table() -> list[str]:
+    """Markdown rows: bytes per parameter per precision, without and with the distributed
+    optimizer (``zero_bytes`` at stage 0 and 1 with d ranks), as docs/planner.md prints them."""
+    rows = ["| weights | gradients | bytes per parameter | distributed optimizer |", "|---|---|---|---|"]
+    bp, bg, k = BYTES[("adam", "mixed")]
+    rows.append(f"| 16-bit (default: the ZeRO paper's K) | 16-bit | {bp} + {bg} + {k} = {bp + bg + k} | {bp + bg} + {k}/d |")
+    for params, grads in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32"), ("fp32", "fp32")):
+        bp, bg, k = Precision(params, grads).bytes
+        rows.append(f"| {params} | {grads} | {bp} + {bg} + {k} = {bp + bg + k} | {bp + bg} + {k}/d |")
+    return rows
 
 
 def zero_bytes(psi, n, stage, bytes_param=2, bytes_grad=2, k=12, offload=False,

@@ -34,3 +34,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_cuda():
             item.add_marker(skip_gpu)
+
+
+# `pytest -q` (make test) shows only dots for many minutes: name each test file as it starts, so a
+# long wait says where it is (``tests/test_zero.py ....``). Other verbosities name files already.
+_files = {"config": None, "last": None}
+
+
+def pytest_configure(config):
+    _files["config"] = config
+
+
+def pytest_runtest_logstart(nodeid, location):
+    config = _files["config"]
+    reporter = config and config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or config.get_verbosity() >= 0 or location[0] == _files["last"]:
+        return
+    first, _files["last"] = _files["last"] is None, location[0]
+    reporter.write(("" if first else "\n") + f"{location[0]} ")

@@ -101,3 +101,70 @@ def uneven_all_gather(comm):
     x = comm.asarray(np.random.default_rng([5, comm.rank]).standard_normal((counts[comm.rank], 3)))
     got = C.all_gather(comm, x, counts)
     return bool((to_numpy(got) == to_numpy(comm.builtin.all_gather(x))).all())
+
+
+def live_tensor_bytes():
+    """{storage address: bytes} of every torch tensor alive in this process, each storage once."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    return {o.untyped_storage().data_ptr(): o.untyped_storage().nbytes()
+            for o in gc.get_objects() if isinstance(o, torch.Tensor)}
+
+
+def live_vs_ledger(comm, stage, mixed=False):
+    """(bytes the engine left alive after two steps, its ledger's params + grads + optimizer, the
+    bytes of one parameter element): what the real memory holds against what minipar counts."""
+    from minipar.data_parallel import local_batch
+    from minipar.lessons.fixtures import make_data, uniform_model
+    from minipar.xp import itemsize
+    from minipar.zero import ZeRO
+
+    x, y = make_data(comm, 1, 8, 34, 34)
+    before = live_tensor_bytes()
+    engine = ZeRO(comm, uniform_model(4, 34, 0).to(x), stage, mixed=mixed)
+    for _ in range(2):
+        engine.train_step(local_batch(comm, x), local_batch(comm, y))
+    new = sum(n for p, n in live_tensor_bytes().items() if p not in before)
+    led = engine.measured_memory()
+    return new, sum(led[f"{k}_bytes"] for k in ("params", "grads", "optimizer")), itemsize(x)
+
+
+def split_in_world_order_only(comm):
+    """The torch backend where ``new_group`` cannot keep the caller's order (torch < 2.13): a
+    split whose key follows the world's order works, a reversed one is refused in one line."""
+    from minipar.comm import torch_backend
+    from minipar.errors import UsageError
+
+    torch_backend._KEEPS_ORDER = False
+    same = comm.split(0, key=comm.rank, name="same")
+    try:
+        comm.split(0, key=-comm.rank, name="reversed")
+        refused = ""
+    except UsageError as err:
+        refused = str(err)
+    return same.rank == comm.rank, refused
+
+
+def step_peak(comm, recompute):
+    """(the bytes NumPy allocates at the peak of one training step, over what was held before it;
+    the trainer's ledger of activations held between pipeline actions). tracemalloc sees every
+    NumPy array's memory, the in-action temporaries included, which the ledger does not sample."""
+    import tracemalloc
+
+    from minipar.train.config import DEFAULT_MODEL, TrainConfig
+    from minipar.train.model import GPTConfig
+    from minipar.train.trainer import Trainer
+
+    model = GPTConfig(vocab=DEFAULT_MODEL["vocab"], d_model=64, n_heads=4, n_layers=4, seq_len=64)
+    tr = Trainer(comm, TrainConfig(model, recompute=recompute, steps=2, batch=8, data="sorting"))
+    tr.step(0)  # Adam's state and the gradient buffers exist from here on
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tr.step(1)
+        return tracemalloc.get_traced_memory()[1] - base, tr.memory()["activations"]
+    finally:
+        tracemalloc.stop()

@@ -84,3 +84,14 @@ def test_request_test_asks_the_engine(backend):
 def test_all_gather_with_zero_row_pieces():
     """A rank whose piece has no rows still knows the row width (from the shape, not size // rows)."""
     assert all(launch(3, "tests.ranks:uneven_all_gather", quiet=True).results)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_torch_split_where_groups_keep_the_world_order():
+    """Before torch 2.13, new_group sorts its ranks: a split in the world's order still works there,
+    and one in another order is refused in one line rather than silently renumbered."""
+    pytest.importorskip("torch")
+    for same, refused in launch(2, "tests.ranks:split_in_world_order_only", backend="torch", quiet=True).results:
+        assert same
+        assert "unlike the world's" in refused and "torch >= 2.13" in refused

@@ -43,10 +43,17 @@ def failing(target, n, **kw):
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
-def test_a_raising_rank_ends_the_job(backend):
+def test_a_raising_rank_ends_the_job(backend, monkeypatch):
+    """...and leaves nothing: a rank's MPI_Abort makes hydra's proxy exit without removing its
+    topology file from /tmp, so the launcher removes it (one per failed job, before it did)."""
     if backend == "torch" and not has_torch():
         pytest.skip("torch not installed")
-    err, took = failing("raise_on", 4, backend=backend, watchdog=60, rank=2)
+    monkeypatch.setenv(MARK, uuid.uuid4().hex)
+    with Watch(os.environ[MARK]) as watch:
+        err, took = failing("raise_on", 4, backend=backend, watchdog=60, rank=2)
+    watch.clean()
+    assert watch.files, "the job's hydra file was never seen"
+    assert not watch.leftover, f"left behind {watch.leftover}"
     assert err.returncode != 0
     assert err.output.count("RuntimeError: planted failure on rank 2") == 1  # traceback printed once
     assert "_worker.py" not in err.output  # it starts at the user's code

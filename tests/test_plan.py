@@ -168,7 +168,7 @@ def test_head_on_the_last_stage_is_simulated():
 
 def test_data_parallel_step_by_hand():
     """One stage, no tp: compute, the hierarchical all-reduce after the backward, the optimizer."""
-    m = ModelSpec(layers=2, hidden=64, heads=4, seq=32, vocab=0, dropout=False, position_embeddings=False)
+    m = ModelSpec(layers=2, hidden=64, heads=4, seq=32, vocab=0, dropout=False, positions="rope")
     hw = preset("a100-80gb")
     prob = Problem(m, 16, 8, hw, 16, overlap_dp=False)
     p = predict(prob, Config(dp=16, microbatches=1))  # b = 16 / 16 = 1
@@ -194,7 +194,7 @@ def test_step_by_hand_rejects_a_flat_ring_across_nodes(monkeypatch):
     """The wrong way: every gradient byte over InfiniBand (no hierarchy) is slower than the hand value."""
     import minipar.plan.timing as timing
 
-    m = ModelSpec(layers=2, hidden=64, heads=4, seq=32, vocab=0, dropout=False, position_embeddings=False)
+    m = ModelSpec(layers=2, hidden=64, heads=4, seq=32, vocab=0, dropout=False, positions="rope")
     prob = Problem(m, 16, 8, preset("a100-80gb"), 16, overlap_dp=False)
     good = predict(prob, Config(dp=16)).parts["dp_comm"]
 

@@ -22,7 +22,7 @@ def valid(prob, c: Config) -> list[str]:
     m, why = prob.model, []
     if c.tp * c.pp * c.dp * c.cp != prob.gpus:
         why.append("tp pp dp cp != gpus")
-    if m.heads % c.tp or m.f % c.tp:
+    if m.heads % c.tp or m.kv % c.tp or (m.ef if m.experts else m.f) % c.tp:
         why.append("tp does not divide heads")
     if c.cp > 1 and m.seq % (2 * c.cp):
         why.append("cp does not split the sequence")

@@ -37,7 +37,7 @@ def test_tour_runs_every_lesson_and_draws_its_figures(backend, tmp_path):
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 def test_figures_command(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "minipar", "figures", "--only", "01", "--quick", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "minipar", "figures", "--only", "01", "--quick", "--into", str(tmp_path)],
                          capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert_images(tmp_path, LESSONS[0].figures)

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from minipar import launch
 from minipar.errors import UsageError
 from minipar.nn import cross_entropy
 from minipar.train.data import Data, decode, encode
@@ -207,3 +208,17 @@ def test_memory_formula_reproduces_korthikanti():
     assert megatron_layer_bytes(s, b, h, a, t=t) == s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t
     assert megatron_layer_bytes(s, b, h, a, t=t, sp=True) == s * b * h * 34 / t + 5 * a * s * s * b / t
     assert megatron_layer_bytes(s, b, h, a, t=t, sp=True, selective=True) == s * b * h * 34 / t
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_full_recompute_lowers_the_peak_inside_the_backward():
+    """Full recomputation keeps only each block's input between F and B (the ledger), and the fused
+    B rebuilds one block at a time, so the peak *inside* the step falls too: below what no
+    recomputation keeps between actions. A stage that ran backward_input over every block before
+    any backward_weight held every rebuilt ctx at once: 41 MiB here, above no recomputation's 31."""
+    peaks = {mode: launch(1, "tests.ranks:step_peak", quiet=True, recompute=mode).results[0]
+             for mode in ("none", "full")}
+    (none_peak, none_held), (full_peak, full_held) = peaks["none"], peaks["full"]
+    assert full_held < none_held / 4, peaks  # between actions: the block inputs only
+    assert full_peak < none_held and full_peak < none_peak / 2, peaks

@@ -2,7 +2,7 @@
 
 Fill in each function below, then run it on real ranks and grade it:
 
-    mpiexec -n 4 python -m mpi4py labs/03_pipeline/exercise.py     # your schedules, their bubble, one real step
+    mpiexec -n 4 python -m mpi4py minipar-labs/03_pipeline/exercise.py     # your schedules, their bubble, one real step
     minipar check 03                                               # grade every task
     minipar check 03 --task 3.2                                    # grade one task
 

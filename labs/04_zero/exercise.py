@@ -2,7 +2,7 @@
 
 Fill in each function below, then run it on real ranks and grade it:
 
-    mpiexec -n 4 python -m mpi4py labs/04_zero/exercise.py     # see what your code does
+    mpiexec -n 4 python -m mpi4py minipar-labs/04_zero/exercise.py     # see what your code does
     minipar check 04                                           # grade every task
     minipar check 04 --task 4.3                                # grade one task
 

@@ -2,7 +2,7 @@
 
 Fill in each function below, then run it on real ranks and grade it:
 
-    mpiexec -n 8 python -m mpi4py labs/05_3d/exercise.py     # see what your code does (1, 2, 4 or 8 ranks)
+    mpiexec -n 8 python -m mpi4py minipar-labs/05_3d/exercise.py     # see what your code does (1, 2, 4 or 8 ranks)
     minipar check 05                                         # grade every task
     minipar check 05 --task 5.2                              # grade one task
 

@@ -2,7 +2,7 @@
 
 Fill in each function below, then run it on real ranks and grade it:
 
-    mpiexec -n 3 python -m mpi4py labs/06_sequence_experts/exercise.py   # see what your code does
+    mpiexec -n 3 python -m mpi4py minipar-labs/06_sequence_experts/exercise.py   # see what your code does
     minipar check 06                                                     # grade every task
     minipar check 06 --task 6.2                                          # grade one task
 

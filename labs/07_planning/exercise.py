@@ -2,7 +2,7 @@
 
 Fill in each function below, then run it and grade it:
 
-    mpiexec -n 4 python -m mpi4py labs/07_planning/exercise.py     # yours beside the planner's, one measurement
+    mpiexec -n 4 python -m mpi4py minipar-labs/07_planning/exercise.py     # yours beside the planner's, one measurement
     minipar check 07                                               # grade every task
     minipar check 07 --task 7.3                                    # grade one task
 

@@ -2,7 +2,7 @@
 
 Fill in each function below, then run it on real ranks and grade it:
 
-    mpiexec -n 4 python -m mpi4py labs/08_auto_parallel/exercise.py   # see what your code does
+    mpiexec -n 4 python -m mpi4py minipar-labs/08_auto_parallel/exercise.py   # see what your code does
     minipar check 08                                                  # grade every task
     minipar check 08 --task 8.2                                       # grade one task
 

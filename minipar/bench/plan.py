@@ -97,7 +97,9 @@ def measure_machine(path: str) -> None:
     measure_and_report(2, path)
 
 
-def validate(steps=2, machine=None, grids=None, out=print) -> dict:
+def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids, **_: grids) -> dict:
+    """Every grid trained on this machine beside the planner's prediction; ``progress`` wraps the
+    grids (the CLI passes a bar over them)."""
     from dataclasses import replace
 
     from ..launcher import launch
@@ -123,7 +125,8 @@ def validate(steps=2, machine=None, grids=None, out=print) -> dict:
     rows = []
     out(f"{'grid':<16}{'ranks':>6}{'measured s':>12}{'predicted s':>13}{'pred/meas':>10}{'no-oversub':>11}"
         f"{'  memory (worst rank)':<24}{'exact':>6}")
-    for dp, pp, tp in grids or GRIDS:
+    grids = grids or GRIDS
+    for dp, pp, tp in progress(grids, desc="grids", total=len(grids), unit="grid"):
         cfg = train_config(dp, pp, tp)
         n = dp * pp * tp
         res = launch(n, "minipar.bench.plan:run_grid", quiet=True, job_timeout=3600.0, cfg=cfg, steps=steps).results[0]
@@ -160,14 +163,14 @@ def validate(steps=2, machine=None, grids=None, out=print) -> dict:
             "rows": rows, "summary": summary}
 
 
-def cmd_here(args) -> int:
+def cmd_here(args, progress=lambda grids, **_: grids) -> int:
     from ..errors import UsageError
 
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.machine and not os.path.exists(args.machine):
         raise UsageError(f"--machine {args.machine}: no such file (write one with `minipar bench machine --out FILE`)")
-    res = validate(args.steps, args.machine)
+    res = validate(args.steps, args.machine, progress=progress)
     if args.json:
         write_json(args.json, res)
     return 0

@@ -122,27 +122,33 @@ def measure(comm, sizes=DEFAULT_SIZES, tokens=256, reps=7, budget=0.3, dtype="fl
     return records
 
 
+def no_bar(jobs, desc="", total=None, unit=""):
+    """The default ``progress`` of ``collect``: the jobs, as they are (the CLI passes a bar)."""
+    return jobs
+
+
 def collect(ps=DEFAULT_P, sizes=DEFAULT_SIZES, tokens=256, reps=7, forward_only=False, rounds=1, verbose=True,
-            budget=0.3):
-    """Launch ``measure`` for each p; returns its records plus TP = 1's (from the first p's
-    rank-0 runs), every one with ``speedup`` and its quartiles. ``rounds`` > 1 repeats the launches
-    (p interleaved: 2, 4, 2, 4, ...) and keeps, per (p, hidden), the round with the median speedup.
+            budget=0.3, progress=no_bar):
+    """Launch ``measure`` for each p and hidden size, one job each (so that ``progress``, e.g. a
+    bar, can count them); returns its records plus TP = 1's (from the first p's rank-0 runs),
+    every one with ``speedup`` and its quartiles. ``rounds`` > 1 repeats the launches (p
+    interleaved: 2, 4, 2, 4, ...) and keeps, per (p, hidden), the round with the median speedup.
     """
     from ..launcher import launch
 
     for var in ONE_THREAD:  # inherited by mpiexec and every rank it starts
         os.environ[var] = "1"
     ps = sorted(set(ps) - {1}) or [1]
+    jobs = [(k, p, hidden) for k in range(rounds) for p in ps for hidden in sizes]
     runs = {}
-    for k in range(rounds):
-        for p in ps:
-            if verbose:
-                print(f"  round {k + 1}/{rounds}: TP={p} against TP=1, {len(sizes)} sizes on {p} ranks ...", flush=True)
-            out = launch(p, "minipar.bench.tp:measure", quiet=True, watchdog=600, sizes=list(sizes), tokens=tokens,
-                         reps=reps, budget=budget, forward_only=forward_only)
-            for r in out.results[0]:
-                r.pop("order")
-                runs.setdefault((p, r["hidden"]), []).append(r)
+    for k, p, hidden in progress(jobs, desc=f"TP {'/'.join(map(str, ps))} against TP 1", total=len(jobs), unit="job"):
+        if verbose and hidden == sizes[0]:
+            print(f"  round {k + 1}/{rounds}: TP={p} against TP=1, {len(sizes)} sizes on {p} ranks ...", flush=True)
+        out = launch(p, "minipar.bench.tp:measure", quiet=True, watchdog=600, sizes=[hidden], tokens=tokens,
+                     reps=reps, budget=budget, forward_only=forward_only)
+        for r in out.results[0]:
+            r.pop("order")
+            runs.setdefault((p, r["hidden"]), []).append(r)
     records = [sorted(rs, key=lambda r: r["speedup"])[len(rs) // 2] for _, rs in sorted(runs.items())]
     if ps != [1]:
         first = [r for r in records if r["p"] == ps[0]]

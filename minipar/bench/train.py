@@ -101,7 +101,8 @@ def recompute_table(base, steps, ranks=4):
     return rows
 
 
-def run(args) -> int:
+def run(args, progress=lambda grids, **_: grids) -> int:
+    """``minipar bench train``; ``progress`` wraps the grids (the CLI passes a bar over them)."""
     from ..launcher import launch
     from ..train.config import check_shapes
 
@@ -121,7 +122,7 @@ def run(args) -> int:
     show = lambda r: print(f"{r['grid']:<34}{r['ranks']:>6}{r['tokens_per_s']:>11.0f}{r['step_s'] * 1e3:>10.1f}"  # noqa: E731
                            f"{r['speedup']:>13.2f}x{r['mfu'] * 100:>7.1f}%", flush=True)
     show(rows[0])
-    for dp, pp, tp in GRIDS:
+    for dp, pp, tp in progress(GRIDS, desc="grids", total=len(GRIDS), unit="grid"):
         n = dp * pp * tp
         cfg = train_config(dp, pp, tp, batch=args.batch, schedule=args.schedule)
         mb = cfg.microbatches

@@ -3,9 +3,11 @@
     minipar tour                         run every lesson on 4 ranks, checked against its reference
     minipar lessons                      list the lessons with their lab, notebook, figures and verbs
     minipar run -n 4 collectives         run one lesson's checks on real ranks
-    minipar check 01 [--task 1.3]        grade your lab exercise
+    minipar lab start 01                 your copy of lab 01 to edit, in ./minipar-labs/01_collectives/
+    minipar check 01 [--task 1.3]        grade it; --hint 1.3: a hint, one stage at a time
+    minipar lab solution 01 --task 1.3   minipar's own answer
     minipar bench collectives -n 4       ours vs the builtin all-reduce, busbw per size
-    minipar figures                      regenerate every figure in figures/
+    minipar figures --into figures       regenerate every figure in figures/ (default: figures-out/)
 
 Every verb has ``--help`` with an example. The verbs of the whole course are in
 ``minipar/cli/course.py``; each lesson's own verbs are in the module its entry in

@@ -7,6 +7,7 @@ A lesson's verbs live in ``minipar/cli/<lesson>.py``, one module per lesson, eac
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -176,6 +177,72 @@ def parameter_count(text: str) -> float:
     if value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
+
+
+# --------------------------------------------------------------------------- progress bars
+
+PROGRESS_ENV = "MINIPAR_PROGRESS"  # 1: bars even when stderr is not a terminal; 0: never
+
+
+def progress(iterable=None, desc: str = "", total: int | None = None, unit: str = "it"):
+    """A tqdm bar on stderr over ``iterable`` (or ``total`` steps: ``bar.update(k)``), with an ETA.
+
+    Shown only when stderr is a terminal (tqdm's ``disable=None``) unless ``MINIPAR_PROGRESS=1``
+    asks for it (``=0``: never); never on a rank of an mpiexec job, only in the process that
+    launched it. The bar is gone when the work is done (``leave=False``): what is left on the
+    screen is the results on stdout, unchanged. While it is shown, lines written to stdout go
+    above it instead of through it.
+    """
+    wish = os.environ.get(PROGRESS_ENV, "").strip()
+    disable = True if (wish == "0" or in_mpi_job()) else False if wish == "1" else None
+    return _bar_class()(iterable, desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, disable=disable,
+                dynamic_ncols=True)
+
+
+class _AboveBar:
+    """sys.stdout while a bar is shown: each whole line is written above the bar (clear the bar,
+    write the line, draw the bar again), so a print never lands in the middle of the bar."""
+
+    def __init__(self, stream, bar):
+        self.stream, self.bar, self.pending = stream, bar, ""
+
+    def write(self, text):
+        with self.bar.get_lock():  # the launcher echoes the ranks' lines from a thread of its own
+            self.pending += text
+            if "\n" in self.pending:
+                lines, self.pending = self.pending.rsplit("\n", 1)
+                self.bar.clear(nolock=True)
+                self.stream.write(lines + "\n")
+                self.stream.flush()
+                self.bar.refresh(nolock=True)
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@functools.cache
+def _bar_class():
+    """tqdm's bar, moving stdout above itself while it is shown (tqdm is imported with the first bar)."""
+    import tqdm
+
+    class Bar(tqdm.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.stdout = None
+            if not self.disable and not isinstance(sys.stdout, _AboveBar):  # the outer bar moves stdout
+                self.stdout, sys.stdout = sys.stdout, _AboveBar(sys.stdout, self)
+
+        def close(self):
+            if getattr(self, "stdout", None) is not None:
+                above, sys.stdout, self.stdout = sys.stdout, self.stdout, None
+                sys.stdout.write(above.pending)
+            super().close()
+
+    return Bar
 
 
 def with_example(text, heading="example"):

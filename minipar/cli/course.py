@@ -1,5 +1,6 @@
-"""The verbs of the whole course: ``minipar tour``, ``lessons``, ``check`` and ``figures``, and
-the ``minipar run`` / ``minipar bench`` groups every lesson adds its own verbs to.
+"""The verbs of the whole course: ``minipar tour``, ``lessons``, ``check``, ``lab start`` /
+``lab solution`` and ``figures``, and the ``minipar run`` / ``minipar bench`` groups every lesson
+adds its own verbs to.
 
 ``minipar tour``: every lesson on real ranks, checked against its reference on the spot. For
 each lesson in ``minipar.course.LESSONS``: launch its driver on n ranks (mpiexec underneath),
@@ -7,21 +8,30 @@ collect the check rows (what ran, max error vs the reference, tolerance), then d
 from quick real runs. One table at the end.
 
 ``minipar figures``: regenerate every lesson's figures from real runs and the models.
+
+``minipar lab start NN`` copies lab NN's skeleton into a workspace (``./minipar-labs/NN_topic/``),
+which ``minipar check NN`` grades; ``minipar check NN --hint T`` gives task T's hints one stage at
+a time; ``minipar lab solution NN --task T`` shows minipar's answer (``minipar/labs/workspace.py``).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import textwrap
 import time
+from pathlib import Path
 
 from ..course import LESSONS, lesson
+from ..errors import UsageError
+from ..figures import DEFAULT_OUT as FIGURES_OUT
+from ..labs import workspace
 from ..launcher import LaunchError, launch
 from ..lessons.common import merge_rows
-from ..errors import UsageError
-from .common import Parser, Verbs, nonnegative_float, ranks, run_options, with_example
+from .common import Parser, Verbs, nonnegative_float, progress, ranks, run_options, with_example
 
-VERBS = ("tour", "lessons", "check", "figures")  # beside the groups `run` and `bench`, which the lessons fill
+VERBS = ("tour", "lessons", "check", "lab start", "lab solution", "figures")  # beside the groups `run` and `bench`, which the lessons fill
+FIGURES_MINUTES = 11  # every lesson's figures on a 2-core laptop (lesson 02: 4 minutes of it)
 
 
 def add_verbs(top) -> Verbs:
@@ -42,20 +52,46 @@ def add_verbs(top) -> Verbs:
     run_options(r)
     run = r.add_subparsers(dest="lesson", metavar="LESSON", required=True)
 
-    c = top.add_parser("check", help="grade a lab exercise", **with_example("minipar check 01 --task 1.3 --file labs/01_collectives/exercise.py"))
+    c = top.add_parser("check", help="grade a lab exercise (your workspace's), or show a hint",
+                       **with_example("minipar check 01 --task 1.3\n  minipar check 01 --hint 1.3"))
     c.add_argument("lab", help="lab number, e.g. 01 (the labs: `minipar lessons`)")
     c.add_argument("--task", action="append", help="grade only this task (repeatable), e.g. 1.3")
-    c.add_argument("--file", help="the exercise file to grade (default: the lab's exercise.py)")
+    c.add_argument("--file", help="the exercise file to grade (default: your workspace's, "
+                                  "./minipar-labs/NN_topic/exercise.py, made by `minipar lab start NN`)")
     c.add_argument("--solution", action="store_true", help="grade minipar's own implementation (must pass)")
     c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="watchdog seconds per graded run (default 20)")
     c.add_argument("-v", "--verbose", action="store_true", help="show every failing check of a task, not only the first")
+    c.add_argument("--hint", metavar="TASK", help="grade nothing: show TASK's next hint (each task has 2 or 3, "
+                                                  "from a nudge to near-pseudocode; the stage reached is kept in the workspace)")
+    c.add_argument("--stage", type=int, help="with --hint: show this stage (1 = the nudge)")
     c.set_defaults(func=cmd_check)
+
+    lab = top.add_parser("lab", help="your copy of a lab to work in, and minipar's answers",
+                         **with_example("minipar lab start 01\n  minipar lab solution 01 --task 1.3"))
+    lab_verbs = lab.add_subparsers(dest="lab_verb", metavar="VERB", required=True)
+    s = lab_verbs.add_parser("start", help="copy a lab's skeleton into a workspace that `minipar check` grades",
+                             **with_example("minipar lab start 01          # -> ./minipar-labs/01_collectives/exercise.py"))
+    s.add_argument("lab", help="lab number, e.g. 01")
+    s.add_argument("dir", nargs="?", help="the workspace folder (default ./minipar-labs/NN_topic, which "
+                                          "`minipar check NN` grades; elsewhere, check it with --file)")
+    s.add_argument("--force", action="store_true", help="replace an exercise.py already there with the skeleton")
+    s.set_defaults(func=cmd_lab_start)
+    a = lab_verbs.add_parser("solution", help="print minipar's answer to a task (after the hints, not before)",
+                             **with_example("minipar lab solution 01 --task 1.3"))
+    a.add_argument("lab", help="lab number, e.g. 01")
+    a.add_argument("--task", help="one task, e.g. 1.3 (default: every task of the lab)")
+    a.set_defaults(func=cmd_lab_solution)
 
     b = top.add_parser("bench", help="benchmarks: ours vs the engine's own", **with_example("minipar bench collectives -n 4 --json bench.json"))
     bench = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
 
-    f = top.add_parser("figures", help="regenerate every figure from real runs and the models", **with_example("minipar figures --only collectives"))
-    f.add_argument("--out", default="figures")
+    f = top.add_parser("figures", help="regenerate every figure from real runs and the models",
+                       description=f"Draws every lesson's figures from real runs and the models: about {FIGURES_MINUTES} "
+                                   f"minutes on 2 cores (lesson 02's TP benchmark alone about 4).",
+                       **with_example("minipar figures --into figures                # the committed figures\n"
+                                      "  minipar figures --only collectives --quick   # into figures-out/"))
+    f.add_argument("--into", metavar="DIR", default=FIGURES_OUT,
+                   help=f"where the figures go (default {FIGURES_OUT}/; the committed ones: --into figures)")
     f.add_argument("--only", help="one lesson (key or name)")
     f.add_argument("--quick", action="store_true", help="smaller runs (for tests)")
     f.set_defaults(func=cmd_figures)
@@ -112,7 +148,64 @@ def cmd_lessons(args):
 def cmd_check(args):
     from ..labs import grader
 
+    if args.stage is not None and not args.hint:
+        raise UsageError("--stage goes with --hint TASK")
+    if args.hint:
+        return cmd_hint(args)
     return grader.main(args)
+
+
+def cmd_hint(args):
+    ls, task, stage, total, text, memory, furthest = workspace.hint(args.lab, args.hint, args.stage, args.file)
+    print(f"lab {ls.key}, task {task.key} ({task.title}): hint {stage} of {total}\n")
+    print(textwrap.indent(text, "    ") + "\n")
+    again = f"minipar check {ls.key} --hint {task.key}" + (f" --file {args.file}" if args.file else "")
+    if stage < total:
+        print(f"more: `{again}{'' if furthest and memory else f' --stage {stage + 1}'}` shows hint {stage + 1}")
+    else:
+        print(f"that was the last hint; the answer: `minipar lab solution {ls.key} --task {task.key}`")
+    print(f"(the stages seen are kept in {memory})" if memory else
+          f"(no workspace, so the stages seen are not kept: `minipar lab start {ls.key}`)")
+    return 0
+
+
+# --------------------------------------------------------------------------- minipar lab
+
+
+def cmd_lab_start(args):
+    ls, written = workspace.start(args.lab, args.dir, args.force)
+    for path in written:
+        print(f"wrote {path}  (lab {ls.key}'s skeleton: edit it there)")
+    default = Path(args.dir or workspace.default_folder(ls)).resolve() == workspace.default_folder(ls).resolve()
+    grade = f"minipar check {ls.key}" + ("" if default else f" --file {written[0]}")
+    first = tasks_of(ls)[0]
+    print(f"\nthe tasks: {workspace.skeleton(ls) / 'README.md'}\nnext, from {Path.cwd()}:")
+    for command, what in ((grade, "grade every task"), (f"{grade} --task {first}", "grade one task"),
+                          (f"{grade.replace(' --file', f' --hint {first} --file')}" if not default else
+                           f"{grade} --hint {first}", "stuck? a hint, one stage at a time"),
+                          (f"minipar lab solution {ls.key} --task {first}", "the answer")):
+        print(f"  {command:<44} # {what}" if len(command) < 44 else f"  {command}\n  {'':<44} # {what}")
+    return 0
+
+
+def tasks_of(ls):
+    return [t.key for t in workspace.tasks(ls)[0]]
+
+
+def cmd_lab_solution(args):
+    ls, answers = workspace.solution(args.lab, args.task)
+    what = f"task {args.task}" if args.task else f"every task of lab {ls.key}"
+    print(f"you asked for the solution: minipar's own answer to {what} follows "
+          f"(the hints come first: `minipar check {ls.key} --hint T`)\n")
+    for task, (where, source), calls in answers:
+        print(f"# ---- {task.key} {task.title}: {task.function}, {where}\n")
+        print(source)
+        for name, at, code in calls:
+            if code is None:
+                print(f"# it uses {name} ({at})\n")
+            else:
+                print(f"# it calls {name}, {at}:\n\n{code}")
+    return 0
 
 
 # --------------------------------------------------------------------------- minipar tour
@@ -135,7 +228,7 @@ def cmd_tour(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     print(f"minipar tour: {len(lessons)} lesson(s) on {args.n} ranks ({where}); figures go to {args.out}/", flush=True)
     table, figures, ok = [], [], True
-    for i, ls in enumerate(lessons, 1):
+    for i, ls in enumerate(progress(lessons, desc="tour", unit="lesson"), 1):
         print(f"[{i}/{len(lessons)}] {ls.key} {ls.name}: running on {args.n} ranks ...", flush=True)
         t0 = time.perf_counter()
         try:
@@ -172,12 +265,17 @@ def cmd_tour(args) -> int:
 
 
 def cmd_figures(args) -> int:
-    lessons = [lesson(args.only)] if args.only else LESSONS
-    for ls in (ls for ls in lessons if ls.figures_modules):
+    lessons = [ls for ls in ([lesson(args.only)] if args.only else LESSONS) if ls.figures_modules]
+    count = sum(len(ls.figures) for ls in lessons)
+    how_long = "" if args.only or args.quick else f"; about {FIGURES_MINUTES} minutes on 2 cores"
+    print(f"minipar figures: regenerates {count} figures of {len(lessons)} lesson{'s' * (len(lessons) != 1)}"
+          f"{how_long}, into {args.into}/", flush=True)
+    os.makedirs(args.into, exist_ok=True)
+    for ls in progress(lessons, desc="figures", unit="lesson"):
         t0 = time.perf_counter()
         print(f"{ls.key} {ls.name}: drawing figures ...", flush=True)
         for module in ls.figures_modules:
-            for path in importlib.import_module(module).make(args.out, quick=args.quick):
+            for path in importlib.import_module(module).make(args.into, quick=args.quick):
                 print(f"  wrote {path}", flush=True)
         print(f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
     return 0

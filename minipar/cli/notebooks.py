@@ -23,7 +23,7 @@ import re
 import sys
 import time
 
-from .common import positive_float
+from .common import positive_float, progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\s*(ok|FAIL)\s+(.+?)\s+max rel\. error\s+(\S+)\s+\(tolerance\s+([^)]+)\)\s*$", re.MULTILINE)
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     paths = [pathlib.Path(x) for x in args.paths] or notebooks()
     bad = 0
-    for i, path in enumerate(paths, 1):
+    for i, path in enumerate(progress(paths, desc="notebooks", total=len(paths), unit="notebook"), 1):
         print(f"[{i}/{len(paths)}] executing {path} ...", flush=True)
         t0 = time.perf_counter()
         try:
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
             print(f"      NOT written ({took:.0f} s):" + "".join(f"\n        {w}" for w in wrong), flush=True)
             continue
         nbformat.write(nb, path)
-        print(f"      {len(check_rows(nb))} check rows ok; written with its outputs ({took:.0f} s)", flush=True)
+        print(f"      {len(check_rows(nb))} check rows ok; wrote {path} with its outputs ({took:.0f} s)", flush=True)
     return 1 if bad else 0
 
 

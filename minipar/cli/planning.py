@@ -29,11 +29,12 @@ from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
 from ..plan.config import Problem
 from ..plan.hardware import LINKS, PRESET_NAMES, preset
-from ..plan.models import MODELS, ModelSpec, model, with_overrides
+from ..memory import DTYPE_BYTES, Precision
+from ..plan.models import MLPS, MODELS, NORMS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
 from ..records import write_json
-from .common import bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report, with_example
+from .common import bounded, lesson_run_parser, output_path, positive_float, progress, ranks, run_and_report, with_example
 
 # The planner enumerates every split of the GPUs (and of the batch) into dp x tp x pp x ...: past
 # this it runs for minutes. The largest training runs published use about 10^5 GPUs.
@@ -65,6 +66,7 @@ def add_verbs(verbs):
 
     k = verbs.bench.add_parser(
         "links", help="DDP and TP under emulated links, measured vs the planner's prediction",
+        description="One job runs every link, then prints a row per run: about 25 s on 2 cores.",
         **with_example("minipar bench machine && minipar bench links --slowdown 200"))
     k.add_argument("--links", nargs="+", default=["none", "nvlink", "pcie", "ethernet"],
                    choices=["none", *EMULATED_LINKS], help="links to emulate (none: the real transfer only)")
@@ -75,10 +77,16 @@ def add_verbs(verbs):
 
     h = verbs.bench.add_parser(
         "plan", help="the planner vs lesson 05's trainer on this machine: every grid's step time and memory",
+        description="Measures this machine, then trains lesson 05's GPT on every grid of 1, 2, 4 and 8 ranks, "
+                    "one job each: a few minutes on 2 cores.",
         epilog="example:\n  minipar bench plan --steps 3 --json here.json   (or: python -m minipar.bench.plan)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_plan.add_arguments(h)
-    h.set_defaults(func=bench_plan.cmd_here)
+    h.set_defaults(func=cmd_bench_plan)
+
+
+def cmd_bench_plan(args) -> int:
+    return bench_plan.cmd_here(args, progress=progress)
 
 
 def cmd_run(args) -> int:
@@ -88,8 +96,14 @@ def cmd_run(args) -> int:
 # --------------------------------------------------------------------------- minipar plan
 
 
+SHAPE = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads", "head_dim", "mlp", "norm",
+         "experts", "top_k", "shared_experts", "expert_ffn")
+
+
 def problem_from_args(a) -> Problem:
-    shape = dict(layers=a.layers, hidden=a.hidden, heads=a.heads, seq=a.seq, vocab=a.vocab, ffn=a.ffn)
+    shape = {k: getattr(a, k) for k in SHAPE}
+    shape["tied"] = False if a.untied else None
+    shape["causal_flops"] = True if a.causal_flops else None
     if a.model:
         m = with_overrides(model(a.model), **shape)
     else:
@@ -110,13 +124,20 @@ def problem_from_args(a) -> Problem:
     gpn = a.gpus_per_node or (a.gpus if a.hardware == "this-machine" else hw.gpus_per_node)
     if gpn < 1:
         raise UsageError(f"--gpus-per-node must be a positive integer, got {gpn}")
-    return Problem(m, a.gpus, gpn, hw, a.global_batch, offload=a.offload)
+    if a.grad_dtype and not a.precision:
+        raise UsageError("--grad-dtype needs --precision (without it: the ZeRO paper's 2 + 2 + 12 bytes per parameter)")
+    precision = Precision(a.precision, a.grad_dtype or "fp32") if a.precision else None
+    return Problem(m, a.gpus, gpn, hw, a.global_batch, offload=a.offload, precision=precision)
 
 
 def fixed_from_args(a) -> dict:
     fixed = {k: getattr(a, k) for k in FIXABLE if getattr(a, k) is not None}
     if "sequence_parallel" in fixed:
         fixed["sequence_parallel"] = fixed["sequence_parallel"] == "on"
+    if a.distributed_optimizer:  # Megatron's distributed optimizer shards the optimizer state: ZeRO-1
+        if fixed.get("zero", 1) != 1:
+            raise UsageError(f"--distributed-optimizer is ZeRO-1 (the optimizer state sharded over dp); not --zero {fixed['zero']}")
+        fixed["zero"] = 1
     return fixed
 
 
@@ -125,7 +146,8 @@ def cmd_plan(a) -> int:
         if a.top < 1:
             raise UsageError(f"--top must be >= 1, got {a.top}")
         prob = problem_from_args(a)
-        res = search(prob, fixed_from_args(a), top=a.top, allow_cross_node_tp=a.allow_cross_node_tp)
+        fixed = fixed_from_args(a)
+        res = search(prob, fixed, top=a.top, allow_cross_node_tp=a.allow_cross_node_tp)
         text = report(res)
     except UsageError as err:
         print(f"minipar plan: error: {err}")
@@ -142,6 +164,21 @@ def add_plan_arguments(p):
     g.add_argument("--model", help=f"one of: {', '.join(MODELS)}")
     for k in ("layers", "hidden", "heads", "seq", "vocab", "ffn"):
         g.add_argument(f"--{k}", type=int, help="MLP width (default 4 x hidden)" if k == "ffn" else None)
+    g.add_argument("--kv-heads", type=int, help="K and V heads: grouped-query attention (default --heads)")
+    g.add_argument("--head-dim", type=int, help="width of a head (default hidden / heads)")
+    g.add_argument("--mlp", choices=MLPS, help="gelu: 2 matrices; swiglu: 3 (gate, up, down)")
+    g.add_argument("--norm", choices=NORMS, help="layernorm (2h parameters) or rmsnorm (h)")
+    g.add_argument("--untied", action="store_true", help="a separate output matrix V x h (not the embedding)")
+    g.add_argument("--experts", type=int, help="mixture of experts in every layer: routed experts")
+    g.add_argument("--top-k", type=int, help="experts a token visits")
+    g.add_argument("--shared-experts", type=int, help="experts every token visits")
+    g.add_argument("--expert-ffn", type=int, help="an expert's MLP width (default --ffn)")
+    g.add_argument("--causal-flops", action="store_true", help="count half the attention-score FLOPs (the causal mask)")
+    g = p.add_argument_group("precision (default: 16-bit weights and gradients, fp32 Adam: 2 + 2 + 12 bytes per parameter)")
+    g.add_argument("--precision", choices=tuple(DTYPE_BYTES), help="weights' dtype, Megatron's convention (fp32 master "
+                   "copy of 16-bit weights): bf16 18 bytes per parameter with fp32 gradients")
+    g.add_argument("--grad-dtype", choices=tuple(DTYPE_BYTES), help="gradients' dtype (default fp32; 16-bit: 20 bytes)")
+    g.add_argument("--distributed-optimizer", action="store_true", help="Megatron's: the optimizer state sharded over dp (ZeRO-1)")
     g = p.add_argument_group("cluster and batch")
     g.add_argument("--gpus", type=MAX_GPUS, required=True, help="GPUs (ranks) in all")
     g.add_argument("--gpus-per-node", type=MAX_GPUS, help="default: the preset's (8), or --gpus on this-machine")

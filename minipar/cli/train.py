@@ -27,8 +27,8 @@ from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
 from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
 from ..records import write_json
-from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, ranks, run_and_report,
-                     with_example)
+from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, progress, ranks,
+                     run_and_report, with_example)
 
 # Bounds on the model's shape: the model is NumPy (or torch) on this machine, so a shape past
 # these is a typo, not a plan; MAX_PARAMS is checked on the product (what the memory must hold).
@@ -113,12 +113,14 @@ def add_verbs(verbs):
     g.set_defaults(func=cmd_generate)
 
     p = verbs.bench.add_parser("train", help="tokens/s and MFU of every grid vs one process",
+                               description="One job per grid (18 grids of 1 to 8 ranks), then recomputation and "
+                                           "decoding: about 80 s on 2 cores with --steps 3.",
                                **with_example("minipar bench train --steps 3 --json bench_train.json"))
     p.add_argument("--steps", type=steps_type, default=3, help="timed steps per grid (after one warm-up)")
     p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
     p.add_argument("--json", metavar="FILE", type=output_path)
-    p.set_defaults(func=train_bench.run)
+    p.set_defaults(func=cmd_bench_train)
 
     gp = verbs.bench.add_parser("gpu", help="on a CUDA GPU: the allocator's bytes vs the ledgers, and the TP matmul split",
                                 **with_example("minipar bench gpu -n 2 --json gpu.json"))
@@ -136,6 +138,10 @@ def add_verbs(verbs):
                           "replicas, activation peak and traffic vs the formulas",
                           "minipar run -n 4 train --backend torch")
     r.set_defaults(func=cmd_run)
+
+
+def cmd_bench_train(args) -> int:
+    return train_bench.run(args, progress=progress)
 
 
 def cmd_run(args):
@@ -266,7 +272,7 @@ def cmd_train(args) -> int:
     if args.compare:
         from ..train.trainer import train_reference
 
-        ref, _ = train_reference(cfg, steps=start + len(losses))
+        ref, _ = train_reference(cfg, steps=start + len(losses), progress=progress)
         ref = ref[start:]
         err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
         tol = 1e-12 if cfg.dtype == "float64" else 1e-5

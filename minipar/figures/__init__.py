@@ -4,6 +4,9 @@ Every figure draws through :func:`pyplot` and writes through :func:`save` (matpl
 the Agg backend: files, no window), and reports the runs it waits for with :func:`progress`.
 """
 
+# Where figures go when no folder is named: never the committed figures/ (that takes `--into figures`)
+DEFAULT_OUT = "figures-out"
+
 
 def pyplot():
     """matplotlib's pyplot, drawing into files (the Agg backend): the one set-up of every figure."""

@@ -1,6 +1,6 @@
 """Figures of the buffers (lessons 01, 03, 04) from real runs on 4 ranks.
 
-    minipar figures --only data_parallel        # or: python -m minipar.figures.buffers figures/
+    minipar figures --into figures --only data_parallel        # or: python -m minipar.figures.buffers figures/
 
     buffers_per_rank.png          peak bytes per rank by kind of buffer, counted vs formula; the
                                   ring with its receive buffer reused vs reallocated every step
@@ -18,7 +18,7 @@ import sys
 from ..bench.buffers import reuse_cost
 from ..launcher import launch
 from ..lessons.buffers import per_rank, prefetch_timeline
-from . import progress, pyplot, save
+from . import DEFAULT_OUT, progress, pyplot, save
 
 N = 4
 
@@ -137,4 +137,4 @@ def make(outdir, quick=False, **_):
 
 
 if __name__ == "__main__":
-    print(make(sys.argv[1] if len(sys.argv) > 1 else "figures", quick="--quick" in sys.argv))
+    print(make(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT, quick="--quick" in sys.argv))

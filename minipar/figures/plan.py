@@ -154,7 +154,7 @@ def _save(fig, ax, path, title):
     return save(fig, path, dpi=120, tight=True)
 
 
-def make(outdir="figures", quick=False, **_):
+def make(outdir, quick=False, **_):
     os.makedirs(outdir, exist_ok=True)
     spec = QUICK if quick else FULL
     out, res = cells(**spec)

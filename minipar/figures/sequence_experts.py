@@ -1,6 +1,6 @@
 """Figures of lesson 6 from one real run on 4 ranks (:func:`figure_runs`).
 
-    minipar figures --only 06        # or: python -m minipar.figures.sequence_experts figures/
+    minipar figures --into figures --only 06        # or: python -m minipar.figures.sequence_experts figures/
 
     cp_ring_steps.png            which rank's K/V block each rank attends to in each ring step (from the trace),
                                  and the zigzag chunks each rank holds
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from ..lessons import context_parallel, experts
-from . import pyplot, save
+from . import DEFAULT_OUT, pyplot, save
 
 
 N = 4
@@ -167,4 +167,4 @@ def make(outdir, quick=False, backend="mpi", device=None):
 
 
 if __name__ == "__main__":
-    print(make(sys.argv[1] if len(sys.argv) > 1 else "figures", quick="--quick" in sys.argv))
+    print(make(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT, quick="--quick" in sys.argv))

@@ -60,6 +60,15 @@ def plot_comm_fraction(records, path):
                    "(incl. waiting for other ranks) vs compute", lambda r: 100 * r["comm_s"] / r["time_s"], path=path)
 
 
+def each_job(jobs, **_):
+    """``collect``'s jobs, each announced as it starts (lesson 02's figures take minutes)."""
+    from . import progress
+
+    for job in jobs:
+        progress(f"  TP={job[1]}, d = {job[2]}")
+        yield job
+
+
 def make(outdir, records=None, quick=False, **_):
     """Draw both figures from ``records``, or from a fresh benchmark (training step + single token)."""
     from ..bench.tp import DEFAULT_SIZES, collect
@@ -70,8 +79,9 @@ def make(outdir, records=None, quick=False, **_):
 
         sizes = QUICK_SIZES if quick else DEFAULT_SIZES
         progress(f"TP MLP training step, d = {', '.join(map(str, sizes))}")
-        records = collect(sizes=sizes, tokens=256, reps=2 if quick else 5, verbose=False)
+        records = collect(sizes=sizes, tokens=256, reps=2 if quick else 5, verbose=False, progress=each_job)
         progress("TP MLP single-token forward")
-        records += collect(sizes=sizes, tokens=1, reps=3 if quick else 20, forward_only=True, verbose=False)
+        records += collect(sizes=sizes, tokens=1, reps=3 if quick else 20, forward_only=True, verbose=False,
+                           progress=each_job)
     return [plot_speedup(records, os.path.join(outdir, "tp_speedup.png")),
             plot_comm_fraction(records, os.path.join(outdir, "tp_comm_fraction.png"))]

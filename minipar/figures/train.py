@@ -1,6 +1,6 @@
 """Figures of lesson 5 from one real run on 8 ranks (:func:`figure_runs`), each of its runs checked.
 
-    minipar figures --only 05        # or: python -m minipar.figures.train figures/
+    minipar figures --into figures --only 05        # or: python -m minipar.figures.train figures/
     out = launch(8, "minipar.figures.train:figure_runs", checkpoint="/tmp/ckpt")   # the run alone
     rows = merge_rows([r["rows"] for r in out.results]); data = out.results[0]
 
@@ -34,7 +34,7 @@ import sys
 import numpy as np
 
 from ..lessons.train import first_ranks, grid_rows, label, make_config, row, wait_politely
-from . import pyplot, save
+from . import DEFAULT_OUT, pyplot, save
 
 N = 8
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -355,4 +355,4 @@ def make(outdir, quick=False, backend="mpi", device=None, bench=None):
 
 
 if __name__ == "__main__":
-    print(make(sys.argv[1] if len(sys.argv) > 1 else "figures", quick="--quick" in sys.argv))
+    print(make(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT, quick="--quick" in sys.argv))

@@ -1,6 +1,6 @@
 """Figures of lesson 4 from real runs: ZeRO memory and traffic, DDP overlap, DP vs DDP.
 
-    minipar figures --only data_parallel        # or: python -m minipar.figures.zero figures/
+    minipar figures --into figures --only data_parallel        # or: python -m minipar.figures.zero figures/
 
     zero_memory.png            bytes per rank per stage, stacked params/grads/optimizer, predicted vs measured
     zero_traffic.png           bytes sent per rank per step, per engine, vs 2(N-1)/N and 3(N-1)/N Psi
@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from ..launcher import launch
-from . import progress, pyplot, save
+from . import DEFAULT_OUT, progress, pyplot, save
 
 N = 4
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868"}
@@ -181,4 +181,4 @@ def make(outdir, quick=False, backend=None, device=None, overlap_backend=None):
 
 
 if __name__ == "__main__":
-    print(make(sys.argv[1] if len(sys.argv) > 1 else "figures", quick="--quick" in sys.argv))
+    print(make(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT, quick="--quick" in sys.argv))

@@ -28,6 +28,11 @@ verdict, and the others of its job run again together.
 
 Exit code 0 only when every selected task passes.
 
+What it grades: ``--file``'s exercise, else the learner's workspace copy at
+``./minipar-labs/NN_topic/exercise.py`` (``minipar lab start NN`` makes it; without one, a line
+says so); ``--solution`` grades minipar's reference. The repository's ``labs/NN_*/exercise.py``
+is the skeleton: the tests grade it with ``--file``, and no command writes it.
+
 A lab is one entry of ``minipar.course.LESSONS`` (its folder, grader and solution modules); its
 grader module defines ``TITLE`` and ``TASKS`` (a list of :class:`Task`).
 """
@@ -46,6 +51,7 @@ from ..comm.watchdog import user_line
 from ..errors import UsageError
 from ..launcher import LaunchError, ending_on_signals, launch
 from .checks import Answers, ranks
+from .workspace import graded_file
 
 WORLD_SIZES = (1, 2, 3, 4)
 ALONE, AGAIN = "grade alone", "grade again"  # run_tasks' verdicts that are not yet a message
@@ -370,10 +376,9 @@ def _main(args) -> int:
     if args.solution:
         path, solution, what = None, lesson.solution, "minipar's reference implementation"
     else:
-        path = os.path.abspath(args.file or os.path.join(lesson.lab, "exercise.py"))
-        if not os.path.exists(path):
-            raise UsageError(f"--file {path} not found (run from the repository root, or pass --file)")
-        solution, what = None, path
+        path = str(graded_file(lesson, args.file))
+        shown = os.path.relpath(path)
+        solution, what = None, path if shown.startswith("..") else os.path.join(".", shown)
     print(f"lab {lesson.key}: {lab.TITLE}\ngrading {what}\n", flush=True)
     verdict = grade(tasks, path, solution, args.timeout, progress=lambda s: print(s, flush=True),
                     answers=lesson.solution, verbose=args.verbose)

@@ -43,6 +43,96 @@ TASKS = [
          reference=("minipar.costmodel:allreduce_time",)),
 ]
 
+# Hints, stage by stage (`minipar check 01 --hint 1.3`): a nudge naming the idea and what to read,
+# the shape of the loop, then near-pseudocode. The answer itself: `minipar lab solution 01 --task 1.3`.
+HINTS = {
+    "1.1": (
+        """A send and a receive at once: comm.sendrecv(x, dst, buf, src) sends x to dst while it
+        receives into buf from src (docs/communicator.md). A send then a recv on every rank
+        deadlocks: comm.send is synchronous, so every rank waits in its send.""",
+        """Right neighbour (comm.rank + 1) % comm.size, left (comm.rank - 1) % comm.size; the buffer
+        has x's shape and dtype: np.empty_like(x). On 1 rank both neighbours are you, and sendrecv
+        still works.""",
+        """
+        buf = np.empty_like(x)
+        return comm.sendrecv(x, (comm.rank + 1) % comm.size, buf, (comm.rank - 1) % comm.size)
+        """,
+    ),
+    "1.2": (
+        """A binomial tree doubles the ranks that hold the data every round, so p ranks take
+        ceil(log2 p) rounds. Count in virtual ranks vr = (rank - root) % p, the root being vr 0;
+        comm.send and comm.recv suffice (every send has its recv in the same round). The lesson:
+        notebooks/01_collectives.ipynb.""",
+        """Rounds k = 1, 2, 4, ... while k < p. In round k the ranks vr < k have the data: each sends
+        it to vr + k (if vr + k < p); the ranks k <= vr < 2k receive it from vr - k. A virtual rank v
+        is the real rank (v + root) % p. Receive into x itself, then return x.""",
+        """
+        p, vr, k = comm.size, (comm.rank - root) % comm.size, 1
+        while k < p:
+            if vr < k and vr + k < p:   send x to (vr + k + root) % p
+            elif k <= vr < 2 * k:       recv into x from (vr - k + root) % p
+            k *= 2
+        return x
+        """,
+    ),
+    "1.3": (
+        """The ring reduce-scatter: p-1 steps; in each, every rank sends one chunk to the right and
+        adds the chunk arriving from the left into its copy, so each chunk collects one term per hop
+        and ends complete on its owner. Chunks: chunk_bounds(len(x), p); one comm.sendrecv per step.
+        The lesson: notebooks/01_collectives.ipynb and the ring in minipar/collectives.py.""",
+        """Work on buf = x.copy() (the caller's x stays as it was). In step s = 0 .. p-2: send buf's
+        chunk (r - s - 1) % p to r + 1; receive chunk (r - s - 2) % p from r - 1 into a new array of
+        that chunk's length and add it into buf's chunk. Afterwards chunk r of buf is the sum: return
+        a copy of it. An empty chunk (n < p) is still sent and received, as an empty array.""",
+        """
+        b, buf = chunk_bounds(len(x), p), x.copy()
+        for s in range(p - 1):
+            (sa, sb), (ra, rb) = b[(r - s - 1) % p], b[(r - s - 2) % p]
+            got = np.empty(rb - ra, dtype=x.dtype)
+            comm.sendrecv(buf[sa:sb], (r + 1) % p, got, (r - 1) % p)
+            buf[ra:rb] += got
+        return buf[b[r][0]:b[r][1]].copy()
+        """,
+    ),
+    "1.4": (
+        """The ring all-gather: p-1 steps; in each, every rank passes the newest chunk it has to the
+        right and receives the next one from the left, straight into its place in the output.""",
+        """Chunk i starts at sum(counts[:i]) (np.cumsum) and the output has sum(counts) elements:
+        out = np.empty(total, dtype=chunk.dtype), your chunk in its place. In step s = 0 .. p-2 send
+        chunk (r - s) % p (a copy of out's slice) to r + 1 and receive chunk (r - s - 1) % p, of
+        counts[that] elements, from r - 1.""",
+        """
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        out = np.empty(int(starts[-1]), dtype=chunk.dtype); out[starts[r]:starts[r + 1]] = chunk
+        for s in range(p - 1):
+            i, j = (r - s) % p, (r - s - 1) % p
+            got = np.empty(counts[j], dtype=chunk.dtype)
+            comm.sendrecv(out[starts[i]:starts[i + 1]].copy(), (r + 1) % p, got, (r - 1) % p)
+            out[starts[j]:starts[j + 1]] = got
+        return out
+        """,
+    ),
+    "1.5": (
+        """All-reduce = reduce-scatter, then all-gather: your 1.3 and 1.4, nothing new. Each sends
+        p-1 chunks, 2(p-1) in all: that is the bandwidth-optimal ring.""",
+        """1.4 needs the counts of every rank's chunk: the chunks 1.3 cut, from the same
+        chunk_bounds(len(x), comm.size).""",
+        """
+        counts = [b - a for a, b in chunk_bounds(len(x), comm.size)]
+        return ring_all_gather(comm, ring_reduce_scatter(comm, x), counts)
+        """,
+    ),
+    "1.6": (
+        """The alpha-beta model: a message of n bytes costs alpha + n beta. Count what one rank sends
+        during 1.5: how many messages, and how many bytes in all (the README's Background).""",
+        """Reduce-scatter and all-gather take p-1 steps each, one chunk of nbytes / p per step:
+        2(p-1) messages and 2(p-1)/p * nbytes bytes. On p = 1 that is 0.""",
+        """
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+        """,
+    ),
+}
+
 
 def _right(comm):
     return [(comm.rank + 1) % comm.size]

@@ -43,6 +43,85 @@ TASKS = [
     Task("2.6", "heads-split attention", "heads_attention", f"{HERE}:check_heads_attention"),
 ]
 
+# Hints, stage by stage (`minipar check 02 --hint 2.2`): a nudge naming the idea and what to read,
+# the shape of the computation, then near-pseudocode. The answer: `minipar lab solution 02 --task 2.2`.
+HINTS = {
+    "2.1": (
+        """A column split needs no message: rank r owns a block of w's columns (and the same entries
+        of b), and its output is those columns of Y. Your block: lo, hi = chunk_bounds(d_out,
+        comm.size)[comm.rank]. The lesson: notebooks/02_tensor_parallel.ipynb.""",
+        """d_out is w.shape[1]; slice w's columns lo:hi and b[lo:hi]; one matmul. The result has
+        shape (N, hi - lo).""",
+        """
+        lo, hi = chunk_bounds(w.shape[1], comm.size)[comm.rank]
+        return x @ w[:, lo:hi] + b[lo:hi]
+        """,
+    ),
+    "2.2": (
+        """A row split: rank r owns rows lo:hi of w and multiplies them with the same columns of x;
+        each rank's product is one term of Y, and one all-reduce adds the terms
+        (minipar.collectives.all_reduce(comm, x)). Where does the bias go, so that it is added once?""",
+        """lo, hi over d_in = w.shape[0]; partial = x[:, lo:hi] @ w[lo:hi], shape (N, d_out); then
+        all_reduce(comm, partial) + b. A bias added before the all-reduce would be added p times.""",
+        """
+        lo, hi = chunk_bounds(w.shape[0], comm.size)[comm.rank]
+        return all_reduce(comm, x[:, lo:hi] @ w[lo:hi]) + b
+        """,
+    ),
+    "2.3": (
+        """Y_r = x A_r + b_r. dw_r = x^T dY_r and db_r (dY_r summed over the rows) are local. But
+        dx = sum over r of dY_r A_r^T: every rank holds one term, so dx needs one all-reduce. That is
+        f's backward (f: the identity going forward, an all-reduce going back).""",
+        """lo, hi = your columns of w (over w.shape[1]); dx = all_reduce(comm, dy_r @ w[:, lo:hi].T);
+        dw_r = x.T @ dy_r; db_r = dy_r.sum(axis=0).""",
+        """
+        lo, hi = chunk_bounds(w.shape[1], comm.size)[comm.rank]
+        return all_reduce(comm, dy_r @ w[:, lo:hi].T), x.T @ dy_r, dy_r.sum(axis=0)
+        """,
+    ),
+    "2.4": (
+        """g's forward is the all-reduce of 2.2, so its backward is the identity: dY arrives whole on
+        every rank, and each rank's gradients touch only its own rows of w and columns of x. How many
+        messages, then?""",
+        """None. lo, hi over w.shape[0] as in 2.2; dx_r = dy @ w[lo:hi].T, shape (N, d_in/p);
+        dw_r = x[:, lo:hi].T @ dy; db = dy.sum(axis=0), whole like the bias.""",
+        """
+        lo, hi = chunk_bounds(w.shape[0], comm.size)[comm.rank]
+        return dy @ w[lo:hi].T, x[:, lo:hi].T @ dy, dy.sum(axis=0)
+        """,
+    ),
+    "2.5": (
+        """Megatron's MLP: fc1 split by columns (2.1), so each rank's GeLU runs on its own hidden
+        columns without talking; fc2 split by rows (2.2), so its partial sums need one all-reduce.
+        gelu_forward (minipar.nn.functional) returns (y, cache): take [0].""",
+        """One lo, hi = chunk_bounds(H, p)[rank] with H = w1.shape[1] cuts w1's columns, b1, and w2's
+        rows alike: h = GeLU(x @ w1[:, lo:hi] + b1[lo:hi]), shape (N, H/p); Y = all_reduce(h @ w2[lo:hi])
+        + b2.""",
+        """
+        lo, hi = chunk_bounds(w1.shape[1], comm.size)[comm.rank]
+        h = gelu_forward(x @ w1[:, lo:hi] + b1[lo:hi])[0]
+        return all_reduce(comm, h @ w2[lo:hi]) + b2
+        """,
+    ),
+    "2.6": (
+        """Split the heads: rank r runs the heads of columns lo:hi = chunk_bounds(C, p)[r] of EACH of
+        Wq, Wk, Wv (w_qkv's column blocks 0:C, C:2C, 2C:3C). Attention inside a head needs no message;
+        the output projection is then a row split (2.2): one all-reduce. attention_forward is in
+        minipar.nn.functional; the dense layer is minipar.nn.CausalSelfAttention.forward.""",
+        """For j = 0, 1, 2 (q, k, v): x @ w_qkv[:, j*C + lo : j*C + hi] + b_qkv[j*C + lo : j*C + hi],
+        shape (B, T, C/p); reshape to (B, T, nh_r, hs) with hs = C // n_heads, nh_r = (hi - lo) // hs,
+        and transpose to (B, nh_r, T, hs). y = attention_forward(q, k, v)[0], transposed back and
+        reshaped to (B, T, C/p); then all_reduce(comm, y @ w_proj[lo:hi]) + b_proj.""",
+        """
+        B, T, C = x.shape; lo, hi = chunk_bounds(C, p)[r]; hs = C // n_heads; nh = (hi - lo) // hs
+        q, k, v = [(x @ w_qkv[:, j*C+lo:j*C+hi] + b_qkv[j*C+lo:j*C+hi]).reshape(B, T, nh, hs).transpose(0, 2, 1, 3)
+                   for j in range(3)]
+        y = attention_forward(q, k, v)[0].transpose(0, 2, 1, 3).reshape(B, T, hi - lo)
+        return all_reduce(comm, y @ w_proj[lo:hi]) + b_proj
+        """,
+    ),
+}
+
 
 def draw(*shape, seed=0):
     """The same random array on every rank (seeded by the shape)."""

@@ -45,6 +45,67 @@ TASKS = [
          reference=("minipar.pipeline.execute:peer_and_tag",)),
 ]
 
+# Hints, stage by stage (`minipar check 03 --hint 3.2`): a nudge naming the idea and what to read,
+# the shape of the loop, then near-pseudocode. The answer: `minipar lab solution 03 --task 3.2`.
+HINTS = {
+    "3.1": (
+        """A schedule is data: per rank, the list of Action(stage, kind, microbatch) it runs, in
+        order. In GPipe, rank r (stage r) runs all its forwards, then all its backwards. See one:
+        `minipar schedule gpipe --stages 2 --microbatches 2`; the lesson: notebooks/03_pipeline.ipynb.""",
+        """For each rank r in range(p): [Action(r, "F", i) for i in range(m)] followed by
+        [Action(r, "B", i) for i in range(m)] (first in, first out).""",
+        """
+        return [[Action(r, "F", i) for i in range(m)] + [Action(r, "B", i) for i in range(m)] for r in range(p)]
+        """,
+    ),
+    "3.2": (
+        """1F1B starts each backward as early as it can, so few micro-batches are alive at once: a
+        warm-up of forwards, a steady state of one forward then one backward, a cool-down of
+        backwards. See minipar's: `minipar schedule 1f1b --stages 4 --microbatches 6`.""",
+        """Rank r warms up with w = min(p - 1 - r, m) forwards (0 .. w-1). Then for i in range(w, m):
+        forward i, then the backward of the oldest waiting micro-batch, i - w. Last, the backwards
+        m - w .. m - 1. With m < p, w = m: every forward, then every backward.""",
+        """
+        for r in range(p):
+            w = min(p - 1 - r, m)
+            ops = [F(r, i) for i in range(w)]
+            for i in range(w, m): ops += [F(r, i), B(r, i - w)]
+            ops += [B(r, i) for i in range(m - w, m)]
+        """,
+    ),
+    "3.3": (
+        """The bubble is idle rank-time over all rank-time: every rank counts for the whole makespan,
+        from the first start to the last end (a measured trace does not start at 0).""",
+        """span = max end - min start; busy = the sum of (end - start) over all events; the bubble is
+        (p * span - busy) / (p * span). Only + - * /, so that Fractions stay exact.""",
+        """
+        start = min(s for _, s, _ in events); span = max(e for _, _, e in events) - start
+        busy = sum(e - s for _, s, e in events)
+        return (p * span - busy) / (p * span)
+        """,
+    ),
+    "3.4": (
+        """On the executor an F receives its input from the stage before and sends its output to the
+        stage after; a B (or I) receives the gradient from the stage after and sends the input's
+        gradient to the stage before; a W talks to no one. Stage k lives on rank
+        schedule.stage_to_rank[k]; a tag names the stage a message goes *into* (act_tag, grad_tag at
+        the top of the exercise).""",
+        """m = schedule.microbatches, last = schedule.total_stages - 1, owner = schedule.stage_to_rank.
+        F on s: recv (owner[s-1], act_tag(s, i, m)) unless s == 0; send (owner[s+1], act_tag(s+1, i, m))
+        unless s == last. B and I on s: recv (owner[s+1], grad_tag(s, i, m)) unless s == last; send
+        (owner[s-1], grad_tag(s-1, i, m)) unless s == 0. W: (None, None).""",
+        """
+        if kind == "F":
+            return ((owner[s-1], act_tag(s, i, m)) if s > 0 else None,
+                    (owner[s+1], act_tag(s+1, i, m)) if s < last else None)
+        if kind in ("B", "I"):
+            return ((owner[s+1], grad_tag(s, i, m)) if s < last else None,
+                    (owner[s-1], grad_tag(s-1, i, m)) if s > 0 else None)
+        return None, None
+        """,
+    ),
+}
+
 GPIPE_CASES = [(1, 1), (2, 1), (1, 3), (2, 3), (3, 2), (4, 4), (4, 8), (3, 7)]
 ONE_F_ONE_B_CASES = [(1, 1), (2, 1), (1, 4), (2, 3), (3, 2), (4, 1), (4, 3), (4, 8), (3, 7)]
 

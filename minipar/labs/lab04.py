@@ -46,6 +46,79 @@ TASKS = [
     Task("4.4", "ZeRO-2 reduce-scatter", "zero2_grad_shard", f"{HERE}:check_zero2"),
     Task("4.5", "ZeRO-3 gather on demand", "zero3_forward", f"{HERE}:check_zero3"),
 ]
+
+# Hints, stage by stage (`minipar check 04 --hint 4.3`): a nudge naming the idea and what to read,
+# the shape of the loop, then near-pseudocode. The answer: `minipar lab solution 04 --task 4.3`.
+HINTS = {
+    "4.1": (
+        """DDP: each rank's gradient is one term of a sum; minipar.collectives.all_reduce(comm, g) adds
+        them up on every rank. The lesson: notebooks/04_data_parallel_zero.ipynb.""",
+        """One all_reduce per gradient, in a list comprehension over grads; divide the sum by
+        comm.size once (not each rank's input).""",
+        """
+        return [all_reduce(comm, g) / comm.size for g in grads]
+        """,
+    ),
+    "4.2": (
+        """Fewer, larger messages: pack the gradients in order into buckets of at most bucket_bytes
+        (g.nbytes), never splitting one; all-reduce each bucket as one flat array
+        (np.concatenate of the raveled gradients), then cut it back into the shapes.""",
+        """Greedy packing: for i, g in enumerate(grads): if there is a bucket and size + g.nbytes <=
+        bucket_bytes, add i to the last bucket (size += g.nbytes); else start a new bucket [i]
+        (size = g.nbytes). Then per bucket: flat = all_reduce(comm, flat) / comm.size, and walk an
+        offset through it: out[i] = flat[at:at + g.size].reshape(g.shape).""",
+        """
+        buckets = greedy packing as above
+        out = [None] * len(grads)
+        for bucket in buckets:
+            flat = all_reduce(comm, np.concatenate([grads[i].ravel() for i in bucket])) / comm.size
+            at = 0
+            for i in bucket:
+                out[i] = flat[at:at + grads[i].size].reshape(grads[i].shape); at += grads[i].size
+        return out
+        """,
+    ),
+    "4.3": (
+        """ZeRO-1: each rank keeps Adam's moments for 1/p of the parameters, updates only that shard
+        (minipar.optim.adam_step, in place), and an all_gather brings the whole parameter back to
+        every rank. Padding with zeros to a multiple of p makes the shards equal.""",
+        """n_pad = ceil(n / p) * p; pad param and avg_grad with zeros; S = n_pad // p; yours is
+        [r*S, (r+1)*S). shard = a copy of your part of the padded param; adam_step(shard, your part
+        of the padded gradient, m, v, step, lr). all_gather(comm, shard) is the padded vector: keep
+        [:n]. Read only your part of avg_grad: the rest is NaN on your rank.""",
+        """
+        P, G = padded(param), padded(avg_grad); S = P.size // p; mine = slice(r * S, (r + 1) * S)
+        shard = P[mine].copy()
+        adam_step(shard, G[mine], m, v, step, lr)
+        return all_gather(comm, shard)[:param.size]
+        """,
+    ),
+    "4.4": (
+        """ZeRO-2 never builds the whole averaged gradient: reduce_scatter(comm, x) gives rank r the sum
+        of chunk r only, at half the traffic of an all-reduce.""",
+        """Pad grad with zeros to a multiple of p, so that the chunks are 4.3's equal shards;
+        reduce_scatter the padded vector and divide by comm.size.""",
+        """
+        padded = np.zeros(-(-grad.size // comm.size) * comm.size); padded[:grad.size] = grad
+        return reduce_scatter(comm, padded) / comm.size
+        """,
+    ),
+    "4.5": (
+        """ZeRO-3: a layer's weights are whole only while that layer computes: all_gather its shards
+        just before, free the result just after, so at most one layer is ever whole (the grader
+        counts the bytes held).""",
+        """y = x; for each layer i: full = all_gather(comm, shards[i]); w = full[:prod(shapes[i])]
+        reshaped to shapes[i]; y = layer(i, w, y); then del full, w before the next layer.""",
+        """
+        y = x
+        for i, (shard, shape) in enumerate(zip(shards, shapes)):
+            w = all_gather(comm, shard)[:int(np.prod(shape))].reshape(shape)
+            y = layer(i, w, y)
+            del w
+        return y
+        """,
+    ),
+}
 LENGTHS = (10, 7, 1, 13)
 LR = 1e-2
 

@@ -51,6 +51,69 @@ TASKS = [
          budget=20),  # 1.4 s on 4 ranks
 ]
 
+# Hints, stage by stage (`minipar check 05 --hint 5.2`): a nudge naming the idea and what to read,
+# the shape of the computation, then near-pseudocode. The answer: `minipar lab solution 05 --task 5.2`.
+HINTS = {
+    "5.1": (
+        """Lay the world out as ranks = numpy.arange(dp * pp * tp).reshape(dp, pp, tp): a group along
+        an axis is the line of that array through your rank. np.argwhere(ranks == rank)[0] is your
+        (d, p, t). The lesson: notebooks/05_3d_parallelism.ipynb and minipar/grid.py.""",
+        """tp: ranks[d, p, :]; pp: ranks[d, :, t]; dp: ranks[:, p, t] (as lists of ints, .tolist()).
+        emb: [ranks[d, 0, t], ranks[d, -1, t]] when pp > 1 and p is 0 or pp - 1, else None.""",
+        """
+        ranks = np.arange(dp * pp * tp).reshape(dp, pp, tp); d, p, t = np.argwhere(ranks == rank)[0]
+        emb = [int(ranks[d, 0, t]), int(ranks[d, -1, t])] if pp > 1 and p in (0, pp - 1) else None
+        return {"tp": ranks[d, p, :].tolist(), "pp": ranks[d, :, t].tolist(), "dp": ranks[:, p, t].tolist(), "emb": emb}
+        """,
+    ),
+    "5.2": (
+        """A softmax over a split vocabulary: each rank sums exp over its own columns, and the partial
+        sums add up only if every rank subtracted the same shift, the row's global max. So
+        all_reduce(comm, row maxima, op="max") first, then one all_reduce (sum) of your partial sums
+        together with the label's logit (0 on the ranks that do not own the label).""",
+        """lo, hi = chunk_bounds(V, p)[rank]; z = logits[..., lo:hi]; m = all_reduce(comm, z.max(-1),
+        op="max"); e = exp(z - m[..., None]); mine = (lo <= labels) & (labels < hi); label_z = z at
+        column labels - lo, minus m, where mine, else 0. s, label_z = all_reduce(comm,
+        np.stack([e.sum(-1), label_z])). loss = mean(log s - label_z); your dlogits = (e / s[..., None]
+        - your columns of onehot(labels)) / N.""",
+        """
+        at = np.where(mine, labels - lo, 0)
+        label_z = np.where(mine, np.take_along_axis(z, at[..., None], -1)[..., 0] - m, 0.0)
+        s, label_z = all_reduce(comm, np.stack([e.sum(axis=-1), label_z]))
+        onehot = np.zeros_like(e); np.put_along_axis(onehot, at[..., None], mine[..., None].astype(e.dtype), -1)
+        return np.sum(np.log(s) - label_z) / labels.size, (e / s[..., None] - onehot) / labels.size
+        """,
+    ),
+    "5.3": (
+        """The first and the last stage (pp ranks 0 and pp.size - 1) each hold a gradient of the
+        tied weight, and both need the sum: one exchange between the two, with pp.sendrecv (or an
+        all_reduce over a group of the two, made with pp.split(color, key)).""",
+        """With pp.size == 1, or on a middle stage (grad is None), return grad as it is. On an end:
+        the other end is the opposite rank; theirs = pp.sendrecv(grad, other, np.empty_like(grad),
+        other); return grad + theirs (a + b == b + a bitwise: both ends agree).""",
+        """
+        if pp.size == 1 or grad is None:
+            return grad
+        other = pp.size - 1 if pp.rank == 0 else 0
+        return grad + pp.sendrecv(grad, other, np.empty_like(grad), other)
+        """,
+    ),
+    "5.4": (
+        """One step's gradients: zero them, run the pipeline once (every micro-batch accumulates into
+        grads), add the tied copies (5.3 over grid.pp), then average over the data-parallel group:
+        once, after the flush, not per micro-batch.""",
+        """Write into the arrays (g[...] = ...): the caller holds them. Every stage calls sync_tied
+        (with None in the middle), and the sum goes back into tied[...] where it returns one; the average is all_reduce(grid.dp, g) / grid.dp.size.""",
+        """
+        for g in grads: g[...] = 0
+        pipeline()
+        summed = sync_tied(grid.pp, tied)       # on every stage: a pp.split inside needs them all
+        if summed is not None: tied[...] = summed
+        for g in grads: g[...] = all_reduce(grid.dp, g) / grid.dp.size
+        """,
+    ),
+}
+
 
 def draw(*shape, seed=0):
     """The same random array on every rank (seeded by the shape)."""

@@ -50,6 +50,109 @@ TASKS = [
     Task("6.6", "expert-parallel MoE", "moe_forward", f"{MOE}:check_moe_forward", sizes=(2, 3)),
 ]
 
+# Hints, stage by stage (`minipar check 06 --hint 6.2`): a nudge naming the idea and what to read,
+# the shape of the loop, then near-pseudocode. The answer: `minipar lab solution 06 --task 6.2`.
+HINTS = {
+    "6.1": (
+        """The online softmax: a block's acc and l are sums of exp(score - m_block), each relative to
+        its own max. To add two blocks, rescale both to the common max m = np.maximum(m_a, m_b): by
+        exp(m_a - m) and exp(m_b - m). The lesson: docs/sequence_experts.md and
+        notebooks/06_sequence_experts.ipynb.""",
+        """Where m = -inf (the row saw no key in either block), m_a - m is -inf - (-inf) = NaN:
+        subtract a finite stand-in there instead, np.where(np.isinf(m), 0.0, m), and both factors are
+        exp(-inf) = 0.""",
+        """
+        m = np.maximum(m_a, m_b); finite = np.where(np.isinf(m), 0.0, m)
+        ca, cb = np.exp(m_a - finite), np.exp(m_b - finite)
+        return acc_a * ca + acc_b * cb, m, l_a * ca + l_b * cb
+        """,
+    ),
+    "6.2": (
+        """Ring attention keeps your queries and passes the K/V blocks around the ring: in step s you
+        hold rank (r - s) % p's block. Post the transfer of the next block (comm.irecv from r - 1,
+        comm.isend to r + 1, K and V stacked in one message), attend to the block you hold and
+        merge (6.1), and only then wait: the transfer hides behind the compute.""",
+        """kv = np.stack([k, v]); nxt = np.empty_like(kv); state = None. For s in range(p): j =
+        (r - s) % p; unless s == p - 1, reqs = [comm.irecv(nxt, (r - 1) % p), comm.isend(kv, (r + 1)
+        % p)]. Causal: skip j > r (the future), mask = np.tril(np.ones((t, t), bool)) when j == r,
+        None when j < r. Then wait both requests and swap kv, nxt. Return acc / l.""",
+        """
+        for s in range(p):
+            j = (r - s) % p
+            if s < p - 1: reqs = [comm.irecv(nxt, (r - 1) % p), comm.isend(kv, (r + 1) % p)]
+            if not (causal and j > r):
+                part = attend(q, kv[0], kv[1], tril mask if causal and j == r else None)
+                state = part if state is None else merge(state, part)
+            if s < p - 1: wait every req; kv, nxt = nxt, kv
+        acc, _, l = state; return acc / l
+        """,
+    ),
+    "6.3": (
+        """Ulysses trades the sequence split for a heads split: one all_to_all gives each rank h = nh/p
+        heads of all T positions, it attends once with no more messages, and one all_to_all goes
+        back. all_to_all(comm, x) sends x[j] to rank j and returns row i from rank i: put the
+        destination rank on axis 0.""",
+        """Stack q, k, v: (3, B, nh, t, hs); reshape to (3, B, p, h, t, hs) and move the p axis first,
+        (p, 3, B, h, t, hs) (np.ascontiguousarray). After the all_to_all row i holds rank i's
+        positions: transpose to (3, B, h, p, t, hs) and reshape to (3, B, h, T, hs). attend with a
+        (T, T) np.tril mask when causal; out = acc / l.""",
+        """
+        send = np.stack([q, k, v]).reshape(3, B, p, h, t, hs).transpose(2, 0, 1, 3, 4, 5)
+        qh, kh, vh = all_to_all(comm, contiguous(send)).transpose(1, 2, 3, 0, 4, 5).reshape(3, B, h, p * t, hs)
+        acc, _, l = attend(qh, kh, vh, mask)
+        out = (acc / l).reshape(B, h, p, t, hs).transpose(2, 0, 1, 3, 4)      # (p, B, h, t, hs)
+        return all_to_all(comm, contiguous(out)).transpose(1, 0, 2, 3, 4).reshape(B, nh, t, hs)
+        """,
+    ),
+    "6.4": (
+        """Routing is local: each token's k best experts, then a capacity per expert,
+        ceil(capacity_factor * k * N / E) assignments, granted in priority order.
+        np.argsort(-probs, axis=1, kind="stable")[:, :k] keeps the lower expert first on ties.""",
+        """Priority: every first choice (token by token), then every second choice, and so on:
+        for c in range(k): for n in range(N): e = choice[n, c]; keep it if used[e] < capacity,
+        and count it in used[e].""",
+        """
+        cap = math.ceil(capacity_factor * k * N / E)
+        choice = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+        keep, used = np.zeros((N, k), bool), np.zeros(E, int)
+        for c in range(k):
+            for n in range(N):
+                if used[choice[n, c]] < cap: keep[n, c] = True; used[choice[n, c]] += 1
+        return choice, keep
+        """,
+    ),
+    "6.5": (
+        """Dispatch is two all-to-alls: first the counts (how many rows each rank sends to each of my
+        experts), then the rows, all_to_all_v(comm, rows, send_counts) with one count per destination
+        rank. Rank j owns experts j*E/p .. (j+1)*E/p - 1, so rows sorted by expert are grouped by
+        destination. Both are in minipar.collectives.""",
+        """kept = (token n, expert e) of every kept assignment, ordered by e, then choice c, then n.
+        mine = np.bincount(the kept experts, minlength=E).reshape(p, E // p).astype(np.int64);
+        counts = all_to_all(comm, mine) (counts[i, e]: rows rank i sends to my local expert e);
+        got, _ = all_to_all_v(comm, x[the kept tokens], mine.sum(axis=1)).""",
+        """
+        got arrives by source rank, each source's block ordered by my local expert: block (i, e)
+        starts at the running sum of counts in (i, e) order, i.e. np.cumsum of counts.reshape(-1).
+        Return the blocks expert-major (e = 0 .. E/p - 1, then i = 0 .. p-1), concatenated, and counts.
+        """,
+    ),
+    "6.6": (
+        """The whole layer: probs = softmax(x @ w_router) (minipar.nn.functional.softmax_forward(...)[0]);
+        route (6.4); dispatch (6.5); your experts on their rows (gelu_forward); then the combine,
+        dispatch in reverse: one all_to_all_v sends every output row back to its source rank.""",
+        """Your rows arrive expert-major: local expert e's block has counts[:, e].sum() rows; run
+        experts[r * E/p + e] on it. To send back, reorder the outputs source-major (for each source
+        rank i, its blocks for e = 0 .. E/p - 1) and all_to_all_v(comm, back, counts.sum(axis=1)):
+        your own rows come back in the order you sent them.""",
+        """
+        y = np.zeros_like(x)
+        for (n, e), row in zip(kept assignments in dispatch's order, returned rows):
+            y[n] += probs[n, e] * row          # a token with every choice dropped stays 0
+        return y
+        """,
+    ),
+}
+
 
 def same(*shape, seed=0):
     """The same draw on every rank."""

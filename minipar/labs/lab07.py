@@ -43,6 +43,73 @@ TASKS = [
          budget=20),  # 1.3 s
 ]
 
+# Hints, stage by stage (`minipar check 07 --hint 7.1`): a nudge naming the idea and what to read,
+# the shape of the computation, then near-pseudocode. The answer: `minipar lab solution 07 --task 7.1`.
+HINTS = {
+    "7.1": (
+        """Korthikanti et al. 2022 (section 4), term by term: a block keeps sbh (34 + 5as/h) bytes.
+        Tensor parallelism splits all but 10 sbh of it (the two LayerNorm inputs, the QKV and fc1
+        inputs, the two dropout masks); the README's table lists every term.""",
+        """whole = 10 sbh (4 + 2 + 2 + 1 + 1); split = 24 sbh (Q, K, V and the projection's input,
+        2 sbh each; the GeLU input and fc2's input, 8 sbh each); scores = 5 as^2 b (the softmax
+        output 2, its dropout mask 1, the dropout output 2). Selective drops the scores; full keeps
+        only 2 sbh (split by t with sp). With sp everything is split by t; without, whole + (split +
+        scores) / t.""",
+        """
+        if recompute == "full": return 2 * sbh / (t if sp else 1)
+        if recompute == "selective": scores = 0
+        return (whole + split + scores) / t if sp else whole + (split + scores) / t
+        """,
+    ),
+    "7.2": (
+        """Walk each rank's actions, keeping the set of (stage, microbatch) whose activations are
+        held: an F adds one, a B frees it (with a split backward the I keeps it and the W frees it).
+        The answer is the largest size the set reaches.""",
+        """Per rank: held = set(), most = 0; for stage, kind, mb in ops: "F" -> held.add((stage, mb));
+        "B" or "W" -> held.discard((stage, mb)); most = max(most, len(held)). One int per rank.""",
+        """
+        out = []
+        for ops in actions:
+            held, most = set(), 0
+            for stage, kind, mb in ops:
+                if kind == "F": held.add((stage, mb))
+                elif kind in ("B", "W"): held.discard((stage, mb))
+                most = max(most, len(held))
+            out.append(most)
+        return out
+        """,
+    ),
+    "7.3": (
+        """Three rings, each on its own link: a reduce-scatter inside each node (k ranks, intra), an
+        all-reduce across the nodes of the 1/k each rank holds (n/k ranks, inter), an all-gather
+        inside the node (intra). minipar.costmodel's ring formulas are allowed.""",
+        """k = min(n, per_node); a reduce-scatter or all-gather over p ranks of m bytes on (alpha, beta):
+        ring(p, m) = (p-1) alpha + (p-1)/p m beta; an all-reduce is twice that. On one node the
+        across term is 0 (n/k = 1).""",
+        """
+        k = min(n, per_node)
+        return ring(k, nbytes, *intra) + 2 * ring(n // k, nbytes / k, *inter) + ring(k, nbytes, *intra)
+        """,
+    ),
+    "7.4": (
+        """A search: every valid (tp, pp, dp, microbatch, recompute) through predict, keeping the
+        fastest whose memory_bytes fits capacity_bytes (ties: the smaller memory). The docstring lists
+        the rules; the planner does the same (notebooks/07_which_strategy.ipynb).""",
+        """tp over the divisors of gpus_per_node that divide gpus, heads and ffn; pp over the divisors
+        of layers with gpus % (tp * pp) == 0; dp = gpus // (tp * pp); microbatch over the divisors of
+        batch with batch % (dp * microbatch) == 0; recompute in ("none", "selective", "full").
+        Compare (est.step_s, est.memory_bytes); None if nothing fits.""",
+        """
+        best = None
+        for tp, pp, dp, mb, rec in the valid configurations:
+            est = predict(tp, pp, dp, mb, rec)
+            if est.memory_bytes <= job["capacity_bytes"] and (best is None or (est.step_s, est.memory_bytes) < best key):
+                best = dict(tp=tp, pp=pp, dp=dp, microbatch=mb, recompute=rec), with its key
+        return best
+        """,
+    ),
+}
+
 
 def close(got, want, rel=1e-12) -> bool:
     try:

@@ -46,6 +46,91 @@ TASKS = [
     Task("8.5", "one MCMC step", "mcmc_step", "minipar.labs.lab08_mcmc:check_mcmc_step", sizes=(1,)),
 ]
 
+# Hints, stage by stage (`minipar check 08 --hint 8.2`): a nudge naming the idea and what to read,
+# the shape of the computation, then near-pseudocode. The answer: `minipar lab solution 08 --task 8.2`.
+HINTS = {
+    "8.1": (
+        """The kind follows from the types of src and dst alone (the docstring's table): Shard -> Replicate
+        all_gather, Partial -> Replicate all_reduce, Partial -> Shard reduce_scatter, Shard -> Shard
+        all_to_all, the rest local. Then c, the bytes of the largest piece one message carries. The
+        lesson: docs/autoparallel.md, notebooks/08_auto_parallel.ipynb.""",
+        """n = prod(shape). all_reduce: c = ceil(n / m) * itemsize. all_gather or reduce_scatter along
+        d: c = ceil(shape[d] / m) * (n // shape[d]) * itemsize. all_to_all from d to e:
+        c = ceil(shape[d] / m) * ceil(shape[e] / m) * (n // shape[d] // shape[e]) * itemsize, plus
+        (m-1)(alpha + 8 beta) for the counts when shape[d] or shape[e] does not divide by m.""",
+        """
+        if src == dst: return None, 0.0
+        all_gather:     (m-1) * (alpha + c * beta)
+        reduce_scatter: (m-1) * (alpha + c * (beta + gamma))
+        all_reduce:     2*(m-1)*alpha + 2*(m-1)*c*beta + (m-1)*c*gamma
+        all_to_all:     (m-1) * (alpha + c * beta) + the counts swap;   local moves: 0.0
+        """,
+    ),
+    "8.2": (
+        """One branch per (type of src, type of dst), each at most one collective of
+        minipar.collectives (all_gather, all_reduce, reduce_scatter, all_to_all_v). They work along
+        axis 0: move the split dim to the front (np.moveaxis) and back afterwards. Take every extent
+        from shape: x.shape is only your piece.""",
+        """S(d) -> R: moveaxis(all_gather(comm, moveaxis(x, d, 0), counts=chunk sizes of shape[d]), 0, d).
+        P -> R: all_reduce(comm, x). P -> S(d): moveaxis(reduce_scatter(comm, moveaxis(x, d, 0)), 0, d).
+        R -> S(d): np.take(x, range(a, b), axis=d) with (a, b) = chunk_bounds(shape[d], m)[r].
+        R -> P: x on rank 0, zeros elsewhere. S(d) -> P: zeros with shape[d] along d, your piece at a:b.""",
+        """
+        S(d) -> S(e): cut x along e by chunk_bounds(x.shape[e], m), ravel each piece, concatenate;
+        rows, counts = all_to_all_v(comm, flat, [piece sizes], or None when every piece is the same size)
+        piece j (counts[j] elements) = rank j's rows of d (chunk_bounds(shape[d], m)[j]) x your chunk of e:
+        reshape each piece and np.concatenate them along d.
+        """,
+    ),
+    "8.3": (
+        """A 2-D move is a sequence of 1-D moves, one mesh axis at a time, in the order plan(src, dst)
+        gives (minipar.autoparallel.placement): each step is your redistribute on
+        mesh.axis_comms[step.axis].""",
+        """The shape a step's axis sees is not the global shape but the block the other axes leave:
+        take step.before, set its own axis to Replicate(), and block(shape, that, mesh.shape,
+        mesh.coords) gives (start, stop) per dim; the extents are stop - start.""",
+        """
+        for step in plan(src, dst):
+            seen = list(step.before); seen[step.axis] = Replicate()
+            sub = tuple(b - a for a, b in block(shape, seen, mesh.shape, mesh.coords))
+            x = redistribute(mesh.axis_comms[step.axis], x, step.src, step.dst, sub)
+        return x
+        """,
+    ),
+    "8.4": (
+        """One rule per tensor. Has the split dim: Shard(its position among the tensor's dims). An
+        input without it: Replicate() (needed whole). The output without it: Partial() (summed over
+        the split dim). A parameter without it: Partial() when the output is Partial (a bias added
+        after the sum, as in a row split), else Replicate().""",
+        """The special cases first. "-": everything Replicate(). "@k": inputs and parameters Replicate(),
+        the output Partial() (only rank k computes; the others hold zeros). Attention split along "T":
+        a query needs every key and value before it, so the input is Replicate() and the output
+        Shard along T.""",
+        """
+        y = Shard(out.index(choice)) if choice in out else Partial()
+        if kind == "attention" and choice == "T": return [Replicate()], {}, y
+        xs = [Shard(d.index(choice)) if choice in d else Replicate() for d in ins]
+        ps = {p: Shard(d.index(choice)) if choice in d else (Partial() if y == Partial() else Replicate())
+              for p, d in params.items()}
+        return xs, ps, y
+        """,
+    ),
+    "8.5": (
+        """Metropolis, as in FlexFlow: propose a neighbour by changing one operator's choice, simulate
+        it, always accept it if not slower, accept a slower one with probability exp(-beta f). The
+        order of the random draws matters: the grader replays the same generator.""",
+        """ops = [op for op, cs in space.items() if len(cs) > 1]; op = ops[rng.integers(len(ops))];
+        others = the choices of op other than strategy[op]; candidate = dict(strategy) with op set to
+        others[rng.integers(len(others))]; c = simulate(candidate).""",
+        """
+        f = (c - cost) / cost
+        if c <= cost or rng.random() < math.exp(-beta * f):   # u is drawn only when slower
+            return candidate, c, True
+        return strategy, cost, False
+        """,
+    ),
+}
+
 WHAT = {"all_gather": "an all-gather: every rank needs every piece",
         "all_reduce": "an all-reduce: sum the addends, everyone keeps the sum",
         "reduce_scatter": "a reduce-scatter: sum the addends, each rank keeps its piece",

@@ -188,7 +188,7 @@ def predicted(what: str, hw, spec: dict | None = None) -> float:
 
     spec = spec or FEEL["ddp" if what == "ddp" else "tp"]
     m = ModelSpec(spec["layers"], spec["hidden"], spec["heads"], spec["seq"], 0, name=what, dropout=False,
-                  position_embeddings=False)
+                  positions="alibi")
     if what == "ddp":
         return predict(Problem(m, 2, 2, hw, 2, overlap_dp=False), Config(dp=2)).step_time_s
     n = 1 if what == "tp1" else 2

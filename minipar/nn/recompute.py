@@ -3,6 +3,7 @@
     y, ctx = forward(block, x, "selective")      # "none" | "selective" | "full"
     dx = backward_input(block, dy, ctx, "selective")
     backward_weight(block, dy, ctx, "selective")
+    dx = backward(block, dy, ctx, "selective")    # both at once: a fused B action
 
 none       the block's whole ctx is kept (every tensor its backward reads).
 selective  the attention core's probabilities p (B, nh, T, T) are dropped; the backward
@@ -16,7 +17,9 @@ The block is any module with the usual ``forward -> (y, ctx)``, ``backward_input
 ``backward_weight``; selective expects a pre-LN ``Block`` (its ctx["attn"]["att"] is the
 attention core's; a context-parallel core, ctx["attn"]["core"], keeps no probabilities). With
 the backward split (zero-bubble schedules), the ctx rebuilt by full recomputation stays alive
-from backward_input to backward_weight.
+from backward_input to backward_weight. A fused backward (``backward``) rebuilds, uses and drops
+it in one go: a stage that backs through its blocks one ``backward`` at a time holds one rebuilt
+ctx at a time, which is what full recomputation is for.
 """
 from __future__ import annotations
 
@@ -47,3 +50,10 @@ def backward_input(block, dy, ctx, mode="none"):
 
 def backward_weight(block, dy, ctx, mode="none"):
     block.backward_weight(dy, ctx.pop("inner") if mode == "full" else ctx)
+
+
+def backward(block, dy, ctx, mode="none"):
+    """dx, and the block's weight gradients, back to back; with ``full`` the rebuilt ctx dies here."""
+    if mode == "full":
+        _, ctx = block.forward(ctx["x"])
+    return block.backward(dy, ctx)

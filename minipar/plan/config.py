@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..layout import FIELDS, Layout
+from ..memory import Precision
 from .hardware import Hardware
 from .models import ModelSpec
 
@@ -37,6 +38,7 @@ class Problem:
     batch: int  # global batch, sequences per step
     offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
     overlap_dp: bool = True  # the gradient all-reduce overlaps the last backward (False: after it)
+    precision: Precision | None = None  # Megatron's bytes per parameter; None: the ZeRO paper's (below)
 
     @property
     def ranks_on_node(self) -> int:
@@ -57,7 +59,10 @@ class Problem:
 
     def bytes_per_param(self):
         """(working param, gradient, optimizer K) bytes: mixed-precision Adam, or Adam in the
-        training dtype (m and v) for a full-precision run such as minipar's float64 ranks."""
+        training dtype (m and v) for a full-precision run such as minipar's float64 ranks; with a
+        ``precision``, Megatron's convention for it (``minipar.memory.Precision``)."""
+        if self.precision is not None:
+            return self.precision.bytes
         if self.hw.mixed_precision:
             return 2, 2, 12
         e = self.hw.dtype_bytes

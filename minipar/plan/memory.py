@@ -4,7 +4,8 @@
 
 Model states come from ``minipar.memory.zero_bytes`` (the calculator of lesson 04) for the
 parameters the worst pipeline rank holds: its blocks (split by tp), and the embedding on the
-first rank, the tied LM head copy and final LayerNorm on the last. ZeRO shards over the dp x cp
+first rank, the output layer (the tied LM head's copy, or an untied model's own V x h) and the
+final norm on the last. ZeRO shards over the dp x cp
 ranks that hold the same weights.
 
 Activations of one block for one micro-batch of b sequences come from the table of the model's
@@ -16,7 +17,10 @@ sec. 4, in bytes, e = bytes per element, masks 1 byte per element when there is 
     MLP         fc1 input e sbh, GeLU input and fc2 input 2e sb ffn   (+ dropout mask sbh)
     LayerNorms  2e sbh
 
-which is sbh (34 + 5as/h) for e = 2 with dropout. Tensor parallelism splits all but the
+which is sbh (34 + 5as/h) for e = 2 with dropout. Today's blocks (``megatron_block``'s q, kv,
+mlp, copies): grouped-query attention keeps K and V kv_heads x head_dim wide; SwiGLU keeps gate
+and up and the product, 3e sb ffn; a mixture of experts keeps one MLP's tensors per expert a
+token visits (top_k + shared), the router's logits and the permutation's indices not counted. Tensor parallelism splits all but the
 LayerNorm inputs, the inputs of QKV and fc1 and the masks (10 sbh: eq. 2, sbh (10 + 24/t +
 5as/ht)); sequence parallelism splits those too (sbh/t (34 + 5as/h)). Selective recomputation
 drops the as^2 b terms; full recomputation keeps only each block's input (e sbh, / t with
@@ -56,7 +60,9 @@ def block_tensors(prob: Problem, b, tp, cp, sp) -> dict:
     m, e = prob.model, prob.hw.dtype_bytes
     if m.saves == "minipar":
         return minipar_block(b, m.seq, m.hidden, m.f, m.heads, tp, cp, sp, e)
-    return megatron_block(b, m.seq, m.hidden, m.f, m.heads, tp, cp, sp, e, m.dropout)
+    copies = m.top_k + m.shared_experts if m.experts else 1  # the MLPs a token visits
+    return megatron_block(b, m.seq, m.hidden, m.ef if m.experts else m.f, m.heads, tp, cp, sp, e, m.dropout,
+                          q=m.heads * m.d, kv=m.kv * m.d, mlp=m.mlp, copies=copies)
 
 
 def layer_activations(prob: Problem, b, tp, cp, sp):
@@ -107,9 +113,12 @@ def rank_params(prob: Problem, cfg: Configs):
     block = split / cfg.tp + rep
     emb, pos = m.embedding_params()
     blocks = layers_per_rank(prob, cfg.pp) * block
+    norm, head = m.final_norm_params(), m.head_params()
     first = blocks + emb / cfg.tp + pos
-    last = blocks + np.where(cfg.pp > 1, emb / cfg.tp, 0) + 2 * m.hidden  # tied LM head copy, final LN
-    first = np.where(cfg.pp == 1, first + 2 * m.hidden, first)
+    # the last rank: its output layer (the tied LM head's copy of the embedding when pp > 1), final norm
+    out_layer = head / cfg.tp if head else np.where(cfg.pp > 1, emb / cfg.tp, 0)
+    last = blocks + out_layer + norm
+    first = np.where(cfg.pp == 1, first + norm + head / cfg.tp, first)
     return first, last, block
 
 

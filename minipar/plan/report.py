@@ -24,6 +24,14 @@ def report(res) -> str:
              f"searched {res.stats['configs']} configurations in {res.seconds:.2f} s ({res.cpu_seconds:.2f} s CPU): "
              f"{res.stats['fit']} fit in "
              f"{gb(prob.capacity)} per GPU; {res.simulated} pipelines simulated (lesson 03's simulator)", ""]
+    if m.experts:
+        lines.insert(1, f"mixture of experts: {m.experts} experts, top {m.top_k}" + (f" + {m.shared_experts} shared"
+                     if m.shared_experts else "") + f", {m.active_params() / 1e9:.4g}e9 parameters per token; every "
+                     "expert is held on every dp rank and split over tp (no expert parallelism in the search)")
+    if prob.precision is not None:
+        bp, bg, k = prob.bytes_per_param()
+        lines.insert(1, f"precision: {prob.precision.params} weights, {prob.precision.grads} gradients, "
+                     f"{bp} + {bg} + {k} = {bp + bg + k} bytes per parameter (Megatron's convention)")
     if not res.stats["fit"]:
         lines.append("NOTHING FITS: the smallest footprints are listed below")
     lines.append(f"{'#':>2} {'configuration':<64} {'step s':>8} {'TFLOP/s':>8} {'MFU':>6}   memory GB: "

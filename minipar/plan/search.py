@@ -53,8 +53,9 @@ def _check_fixed(prob: Problem, fixed: dict):
     for k in ("tp", "pp", "dp", "cp", "microbatch", "microbatches", "chunks"):
         if k in fixed and (not isinstance(fixed[k], int) or fixed[k] < 1):
             raise UsageError(f"--{k} must be a positive integer, got {fixed[k]!r}")
-    if tp and (G % tp or m.heads % tp or m.f % tp):
-        raise UsageError(f"--tp {tp} must divide --gpus {G}, the {m.heads} heads and the MLP width {m.f}")
+    if tp and (G % tp or not m.tp_splits(tp)):
+        raise UsageError(f"--tp {tp} must divide --gpus {G}, the {m.heads} heads, the {m.kv} KV heads and "
+                         f"the MLP width {m.ef if m.experts else m.f}")
     if pp and pp > m.layers:
         raise UsageError(f"--pp {pp} is more than the {m.layers} layers")
     if cp and cp > 1 and m.seq % (2 * cp):
@@ -85,7 +86,7 @@ def enumerate_configs(prob: Problem, fixed: dict | None = None, allow_cross_node
         return [fixed[key]] if key in fixed else default
 
     rows, eligible = [], []
-    tps = choices("tp", [t for t in divisors(G) if m.heads % t == 0 and m.f % t == 0 and t <= max(gpn, 2 * gpn)])
+    tps = choices("tp", [t for t in divisors(G) if m.tp_splits(t) and t <= max(gpn, 2 * gpn)])
     cps = choices("cp", [c for c in divisors(G) if c == 1 or (m.seq % (2 * c) == 0 and c <= 64)])
     for t in tps:
         for c in cps:

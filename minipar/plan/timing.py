@@ -100,7 +100,7 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     tp_f, tp_b = 2 * one, n_fwd * one
 
     cp_intra = tp * cp <= prob.gpus_per_node
-    kv = 2 * b * (m.seq / cp) * m.hidden * e / tp
+    kv = 2 * b * (m.seq / cp) * m.kv * m.d * e / tp  # K and V: kv_heads x head_dim wide (h without GQA)
     lk_a = np.where(cp_intra, prob.intra.alpha, prob.inter.alpha)
     lk_b = np.where(cp_intra, prob.intra.beta(f), prob.inter.beta(f))
     ring_f = (cp - 1) * (lk_a + kv * lk_b)

@@ -131,6 +131,23 @@ class GPTStage(nn.Module):
             dy = self.embed.backward_input(dy, ctx["embed"])  # None: ids have no gradient
         return dy
 
+    def backward(self, dy, ctx):
+        """dx, and every weight gradient: a fused B action, one child at a time, input then weight
+        backward, each child's ctx dropped as soon as it is used. So one block's backward tensors
+        (and, under full recomputation, one rebuilt ctx) are alive at a time, where
+        ``backward_input`` over the stage then ``backward_weight`` would keep every block's output
+        gradient, and every rebuilt ctx, until the last block is done (what a split I/W needs).
+        The gradients are added in the same order as the split's: bitwise the same."""
+        if self.last:
+            dy = self.head.backward(dy, ctx.pop("head"))  # (B, T, C)
+            dy = self.ln_f.backward(dy, ctx.pop("ln_f"))
+        for name, blk in reversed(self.blocks()):
+            dy = rc.backward(blk, dy, ctx.pop(name), self.recompute)  # (B, T, C)
+        if self.first:
+            dy = self.pos.backward(dy, ctx.pop("pos"))
+            dy = self.embed.backward(dy, ctx.pop("embed"))  # None: ids have no gradient
+        return dy
+
     def backward_weight(self, dy, ctx):
         saved = ctx.pop("dy")
         if self.last:

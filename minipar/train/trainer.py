@@ -280,7 +280,7 @@ def global_loss(cfg, parts) -> float:
 # ------------------------------------------------------------------- the one-process reference
 
 
-def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, record=None):
+def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, record=None, progress=None):
     """The dense GPT, one process, float64, the whole global batch per step, torch's Adam.
 
     Returns (losses, {dense name: final parameter}). Every grid must reproduce both.
@@ -290,7 +290,8 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     per micro-batch over the dp replicas (the ep group). So the batch's rows are taken in the
     order (micro-batch, replica), which makes those groups consecutive (``MoE(groups=dp m,
     aux_groups=m)``); the order of the rows changes no other term of the mean loss. ``record``:
-    a list to which each step's {MoE layer: {"kept", "routed"}} is appended.
+    a list to which each step's {MoE layer: {"kept", "routed"}} is appended. ``progress``: wraps
+    the steps (``progress(range(steps), desc=..., total=...)``: a bar over them, from the CLI).
     """
     model = GPT(cfg.model, cfg.seed) if dense is None else dense
     data = make_data(cfg)
@@ -302,8 +303,8 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
         rows = rows.reshape(cfg.dp, m, b).transpose(1, 0, 2).reshape(-1)  # (micro-batch, replica, row)
         for _, moe in moes:
             moe.groups, moe.aux_groups, moe.log = cfg.dp * m, m, []
-    losses = []
-    for step in range(steps if steps is not None else cfg.steps):
+    losses, steps = [], steps if steps is not None else cfg.steps
+    for step in (progress or (lambda it, **_: it))(range(steps), desc="one-process reference", total=steps, unit="step"):
         loss = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows])
         aux = sum(moe.log[0][0] for _, moe in moes)
         losses.append(float(loss) + aux if moes else float(loss))
