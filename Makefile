@@ -12,10 +12,14 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 # torch==2.13.0 first: on the course machines that is a local CPU wheel (no CUDA download),
-# and it meets the [torch] extra's range, so the second install keeps it
+# and it meets the [torch] extra's range, so the second install keeps it. Elsewhere PyPI's
+# default Linux torch is the multi-GB CUDA build; for the CPU-only one name PyTorch's CPU index:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (the same as: pip install torch --index-url https://download.pytorch.org/whl/cpu)
+TORCH_INDEX ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q -e ".[torch,test]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
@@ -37,10 +41,11 @@ lint: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python -m minipar.cli.notebooks
 
-# open the notebooks in JupyterLab (installs the notebooks extra first)
+# open the notebooks in JupyterLab (installs the notebooks extra first); as root (a container)
+# jupyter refuses to start without --allow-root, so root gets it
 lab: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[notebooks]"
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 clean:
 	rm -rf $(VENV) tour-output figures-out .pytest_cache

@@ -42,6 +42,11 @@ class Lesson:
                 object.__setattr__(self, field, value)
 
 
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The lesson names ``minipar run`` takes for this lesson, from its verbs: ("context_parallel", "experts")."""
+        return tuple(v.split()[1] for v in self.verbs if v.startswith("run "))
+
 LESSONS = [
     Lesson("01", "collectives", "Collectives from send/recv: broadcast, reduce, all-gather, reduce-scatter, all-reduce",
            "minipar.lessons.collectives:tour", ("minipar.figures.collectives",),

@@ -77,6 +77,29 @@ def test_every_verb_of_minipar_belongs_to_a_lesson_or_to_the_course():
     assert verb_paths(build_parser()) == {v for _, v in owners}
 
 
+@pytest.mark.parametrize("argv,want", [
+    (["run", "04"], ["run", "data_parallel"]),
+    (["run", "-n", "2", "07", "--json", "p.json"], ["run", "-n", "2", "planning", "--json", "p.json"]),
+    (["--watchdog", "9", "run", "--backend", "torch", "auto_parallel"], ["--watchdog", "9", "run", "--backend", "torch", "auto_parallel"]),
+    (["run", "--trace", "01", "collectives"], ["run", "--trace", "01", "collectives"]),  # a file named 01 stays one
+    (["run", "experts"], ["run", "experts"]),
+    (["check", "01"], ["check", "01"]),
+])
+def test_run_takes_a_lessons_key_for_its_one_run(argv, want):
+    """`minipar run 04` is `minipar run data_parallel`: the registry says which verb lesson 04 runs."""
+    from minipar.cli.course import run_by_lesson
+
+    assert run_by_lesson(argv) == want
+
+
+def test_run_of_a_lesson_with_two_runs_names_both_in_one_line():
+    for name in ("06", "sequence_experts"):
+        out = minipar("run", "-n", "2", name, timeout=60)
+        assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "minipar run context_parallel, minipar run experts" in out.stderr, out.stderr
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_run_collectives_with_trace(tmp_path):
@@ -402,6 +425,16 @@ def test_an_empty_prompt_is_one_line(capsys, monkeypatch):
     fake_checkpoint(monkeypatch)
     code, out, err = in_process(["generate", "--checkpoint", "ck", "--prompt", ""], capsys, monkeypatch)
     assert (code, out) == (2, "") and err.count("\n") == 1 and "--prompt ''" in err, err
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_generate_without_a_checkpoint_says_how_to_make_one(made, tmp_path, capsys, monkeypatch):
+    ck = tmp_path / "ckpt"
+    if made:
+        ck.mkdir()  # an empty folder: a train that has not saved yet
+    code, out, err = in_process(["generate", "--checkpoint", str(ck)], capsys, monkeypatch)
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert f"minipar train -n 1 --steps 300 --save {ck}" in err, err
 
 
 @pytest.mark.parametrize("verb", ["train", "generate"])

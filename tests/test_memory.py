@@ -65,6 +65,20 @@ def test_cli_memory_verb(tmp_path, capsys):
     assert refused.value.code == 2 and "argument --params" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text,count", [("7B", 7e9), ("7.5b", 7.5e9), ("350M", 350e6), ("1.3B", 1.3e9),
+                                        ("7.5e9", 7.5e9), ("64K", 64e3), ("1T", 1e12), ("7G", 7e9)])
+def test_memory_params_takes_model_sizes(text, count):
+    """--params reads a model's size as models are named: 7B is 7e9 parameters (powers of ten, not bytes)."""
+    assert parse(["memory", "--params", text]).params == count
+
+
+@pytest.mark.parametrize("text", ["7KB", "7X", "B", "7BB", "-7B", "1e300T"])
+def test_memory_params_refuses_what_is_not_a_count(text, capsys):
+    with pytest.raises(SystemExit) as refused:
+        parse(["memory", "--params", text])
+    assert refused.value.code == 2 and "argument --params" in capsys.readouterr().err
+
+
 def test_ledger_counts_live_arrays_only():
     led = Ledger()
     a, b = np.zeros(100), np.zeros(10, np.float16)

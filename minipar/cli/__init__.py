@@ -24,6 +24,7 @@ from ..course import LESSONS
 from ..errors import UsageError
 from .common import Parser, nonnegative_float, with_example
 from .course import add_verbs as add_course_verbs
+from .course import run_by_lesson
 
 # a lesson whose verbs fail to import because one of these is not installed hides its verbs quietly
 # (with a note at the end of ``minipar --help``); any other import failure is reported on stderr
@@ -72,6 +73,10 @@ def main(argv=None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress shows as it happens, also through a pipe
     parser = build_parser()
+    try:
+        argv = run_by_lesson(sys.argv[1:] if argv is None else list(argv))  # `minipar run 06` names lesson 06's run
+    except UsageError as err:
+        parser.error(str(err))
     args = parser.parse_args(argv)
     if args.watchdog is not None:
         os.environ["MINIPAR_WATCHDOG"] = str(args.watchdog)

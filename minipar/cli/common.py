@@ -159,6 +159,26 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+COUNT_HELP = "a number, or with K, M, B (or G), T = 10^3, 10^6, 10^9, 10^12 as model sizes are named: 7.5e9, 350M, 7B"
+_DECIMAL = {"K": 3, "M": 6, "B": 9, "G": 9, "T": 12}
+
+
+def parameter_count(text: str) -> float:
+    """A count of parameters as models are named: ``"7B"`` -> 7e9, ``"350M"``, ``"1.3B"``, ``"7.5e9"``.
+
+    Powers of ten, unlike ``parse_size`` (bytes, powers of two): "7B" is seven billion parameters.
+    """
+    m = re.fullmatch(r"(.+?)\s*([KMBGT])", text.strip(), re.IGNORECASE)
+    digits, power = (m.group(1), _DECIMAL[m.group(2).upper()]) if m else (text, 0)
+    try:
+        value = number(digits) * 10 ** power
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err} ({COUNT_HELP})") from None
+    if value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 # --------------------------------------------------------------------------- progress bars
 
 PROGRESS_ENV = "MINIPAR_PROGRESS"  # 1: bars even when stderr is not a terminal; 0: never

@@ -15,6 +15,7 @@ a time; ``minipar lab solution NN --task T`` shows minipar's answer (``minipar/l
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import textwrap
@@ -27,7 +28,7 @@ from ..figures import DEFAULT_OUT as FIGURES_OUT
 from ..labs import workspace
 from ..launcher import LaunchError, launch
 from ..lessons.common import merge_rows
-from .common import Verbs, nonnegative_float, progress, ranks, run_options, with_example
+from .common import Parser, Verbs, nonnegative_float, progress, ranks, run_options, with_example
 
 VERBS = ("tour", "lessons", "check", "lab start", "lab solution", "figures")  # beside the groups `run` and `bench`, which the lessons fill
 FIGURES_MINUTES = 11  # every lesson's figures on a 2-core laptop (lesson 02: 4 minutes of it)
@@ -95,6 +96,34 @@ def add_verbs(top) -> Verbs:
     f.add_argument("--quick", action="store_true", help="smaller runs (for tests)")
     f.set_defaults(func=cmd_figures)
     return Verbs(top=top, run=run, bench=bench)
+
+
+# --------------------------------------------------------------------------- minipar run 06
+
+
+def run_by_lesson(argv: list[str]) -> list[str]:
+    """``argv`` with ``minipar run 06`` (a lesson's key, or its name from ``minipar lessons``) made
+    ``minipar run context_parallel`` (the name its ``run`` verb has), from the registry. A lesson
+    with two ``run`` verbs (06: context_parallel and experts) is refused with both named."""
+    if "run" not in argv:
+        return argv
+    at = argv.index("run") + 1
+    shared = Parser(add_help=False, exit_on_error=False)
+    run_options(shared)
+    try:
+        _, rest = shared.parse_known_args(argv[at:])  # the options before the lesson (-n 4 ...) set aside
+    except argparse.ArgumentError:
+        return argv  # a bad -n or --backend: the real parser says so
+    named = next((a for a in rest if not a.startswith("-")), None)
+    taken = {name for ls in LESSONS for name in ls.runs}
+    ls = next((ls for ls in LESSONS if named in (ls.key, ls.name) and named not in taken), None)
+    if ls is None:
+        return argv
+    if len(ls.runs) != 1:
+        raise UsageError(f"run {named}: lesson {ls.key} ({ls.name}) has {len(ls.runs)} runs, choose one: "
+                         + ", ".join(f"minipar run {r}" for r in ls.runs))
+    i = at + argv[at:].index(named)
+    return argv[:i] + [ls.runs[0]] + argv[i + 1:]
 
 
 # --------------------------------------------------------------------------- minipar lessons

@@ -1,7 +1,7 @@
 """Lesson 04's verbs: ``minipar run data_parallel``, ``minipar memory`` and ``minipar bench offload``.
 
     minipar run -n 4 data_parallel [--backend torch] [--offload-dir DIR]
-    minipar memory --params 7.5e9 --dp 64 --stage 3          # the ZeRO paper's example: 1.9 GB
+    minipar memory --params 7.5B --dp 64 --stage 3           # the ZeRO paper's example: 1.9 GB (7.5B = 7.5e9)
     minipar bench offload -n 2 --offload-dir /mnt/nvme
 
 The checks are ``minipar.lessons.data_parallel`` (with ``zero_infinity``), the formulas
@@ -14,7 +14,7 @@ import argparse
 from ..bench.offload import bench_offload
 from ..memory import BYTES, CATEGORIES, GB, calculate
 from ..records import write_json
-from .common import bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report, with_example
+from .common import bounded, lesson_run_parser, output_path, parameter_count, ranks, run_and_report, with_example
 
 
 def add_verbs(verbs):
@@ -69,7 +69,8 @@ def add_memory_command(subparsers):
                "  minipar memory --params 7.5e9 --dp 64 --stage 1\n"
                "  -> 31.4 GB per rank (120 GB without ZeRO, 16.6 GB stage 2, 1.9 GB stage 3)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--params", type=positive_float, required=True, metavar="PSI", help="number of parameters, e.g. 7.5e9")
+    p.add_argument("--params", type=parameter_count, required=True, metavar="PSI",
+                   help="number of parameters: 7.5e9, 7.5B or 350M (K, M, B, T = 10^3 ... 10^12)")
     p.add_argument("--dp", type=bounded(10**7, "data-parallel ranks of any cluster"), default=1, metavar="N", help="data-parallel ranks (default 1)")
     p.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage (0 = plain DDP)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam (default) or sgd with momentum")

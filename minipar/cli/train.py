@@ -18,6 +18,7 @@ line naming the dimension, exit code 2.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import UsageError
@@ -344,7 +345,13 @@ def cmd_generate(args) -> int:
     from ..train.data import decode
 
     try:
-        _, index = read_index(args.checkpoint)
+        try:
+            _, index = read_index(args.checkpoint)
+        except UsageError:
+            if os.path.isdir(args.checkpoint) and os.listdir(args.checkpoint):
+                raise  # something is there, but not a checkpoint: its own message says what
+            raise UsageError(f"{args.checkpoint}: no checkpoint there yet; train one first: "
+                             f"minipar train -n 1 --steps 300 --save {args.checkpoint}") from None
         m = GPTConfig(**index["model"])
         if args.n != args.tp:
             raise UsageError(f"-n {args.n}: generation runs on one TP group, so -n must equal --tp={args.tp}")

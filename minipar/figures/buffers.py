@@ -39,7 +39,7 @@ def plot_per_rank(per_rank, reuse, path):
     ax.set_xticks(range(len(kinds)), kinds, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("peak bytes held per rank")
     ax.set_yscale("symlog", linthresh=8)
-    ax.legend(fontsize=8, ncol=5)
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.3))  # below: above, it hid a bar
     ax.set_title(f"Named buffers on {len(per_rank)} ranks, counted (bars) vs formula (ticks)", fontsize=10)
     nbytes = [r["bytes"] for r in reuse]
     bx.plot(nbytes, [r["ratio"] for r in reuse], "o-", color="#C44E52")

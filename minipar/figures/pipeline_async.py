@@ -61,6 +61,7 @@ ASYNC_STYLE = {"flush": ("#4C72B0", "flush 1F1B (= one device, one update per m 
                "nostash": ("#C44E52", "PipeDream, no weight stashing"),
                "stash": ("#DD8452", "PipeDream, weight stashing")}
 P_MARKERS = {2: "o", 4: "s", 8: "^"}
+LEGEND = 9  # the legends' font size: readable beside the panels' own text
 
 
 def _smooth(ys, k=10):
@@ -78,25 +79,27 @@ def plot_sync_vs_async(path, data):
     plt = pyplot()
     task, runs = data["task"], sorted(data["runs"], key=lambda r: r["p"])
     m, ps = task["m"], [r["p"] for r in runs]
-    fig, ax = plt.subplots(2, 3, figsize=(18, 10))
+    fig, ax = plt.subplots(2, 3, figsize=(20, 12))
     (a_lr, a_curve, a_stale), (a_p, a_mem, a_speed) = ax
 
-    # 1. final held-out loss vs lr, mean over seeds; diverged runs left out
+    # 1. final held-out loss vs lr, mean over seeds; diverged runs left out. The asynchronous
+    # schemes at the largest p only: every p's best is panel 4
     finals = {}
     for r in data["sweep"]:
-        finals.setdefault((r["scheme"], r["p"]), {}).setdefault(r["lr"], []).append(r["final"])
+        if r["p"] in (None, max(ps)):
+            finals.setdefault((r["scheme"], r["p"]), {}).setdefault(r["lr"], []).append(r["final"])
     for (scheme, p), by_lr in sorted(finals.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         lrs = [lr for lr in sorted(by_lr) if np.isfinite(np.mean(by_lr[lr]))]
         color, label = ASYNC_STYLE[scheme]
         a_lr.plot(lrs, [np.mean(by_lr[lr]) for lr in lrs], color=color, marker=P_MARKERS.get(p, "D"),
-                  lw=1.2, alpha=1.0 if p in (None, max(ps)) else 0.55, linestyle="-" if p is None else "--",
-                  label=f"{scheme}" + (f", p={p}" if p else ""))
+                  lw=1.5, linestyle="-" if p is None else "--", label=f"{scheme}" + (f", p={p}" if p else ""))
     a_lr.set_xscale("log", base=2)
     a_lr.set_yscale("log")
     a_lr.set_xlabel(f"lr per micro-batch (the flush steps with {m} x lr on {m} micro-batches)")
     a_lr.set_ylabel("held-out loss after the run (mean over seeds)")
-    a_lr.set_title(f"Learning-rate sweep, {data['n_micro']} micro-batches each\n(missing points diverged)", fontsize=10)
-    a_lr.legend(fontsize=6.5, ncol=2)
+    a_lr.set_title(f"Learning-rate sweep, {data['n_micro']} micro-batches each, p = {max(ps)}\n"
+                   "(missing points diverged; every p's best: the panel below)", fontsize=10)
+    a_lr.legend(fontsize=LEGEND)
 
     # 2. loss curves on real ranks at each scheme's best lr, largest p
     big = runs[-1]
@@ -115,7 +118,7 @@ def plot_sync_vs_async(path, data):
     a_curve.set_title(f"Each at its best lr on {big['p']} real ranks; vs the sweep's one-process runs:\n"
                       f"PipeDream {exact}, flush {big['vs_dense']['flush']:.0e} (summation order, grown over "
                       f"{len(big['curves']['flush'])} steps)", fontsize=10)
-    a_curve.legend(fontsize=7)
+    a_curve.legend(fontsize=LEGEND)
 
     # 3. staleness counted per stage
     for r in runs:
@@ -131,7 +134,7 @@ def plot_sync_vs_async(path, data):
     a_stale.set_xlabel("stage s")
     a_stale.set_ylabel("updates between a forward and its backward")
     a_stale.set_title("Staleness, counted on every backward", fontsize=10)
-    a_stale.legend(fontsize=7)
+    a_stale.legend(fontsize=LEGEND)
 
     # 4. best loss vs p
     for scheme in ("flush", "sequential", "nostash", "stash"):
@@ -147,13 +150,13 @@ def plot_sync_vs_async(path, data):
                                                            [b["high"] - b["loss"] for b in bs]],
                          color=color, marker="o", capsize=3, label=f"{scheme}")
             for p, b in zip(ps, bs):
-                a_p.annotate(f"lr {b['lr']:g}", (p, b["loss"]), fontsize=6, xytext=(4, 4), textcoords="offset points")
+                a_p.annotate(f"lr {b['lr']:g}", (p, b["loss"]), fontsize=8, xytext=(6, 4), textcoords="offset points")
     a_p.set_xscale("log", base=2)
     a_p.set_xticks(ps, [str(p) for p in ps])
     a_p.set_xlabel("pipeline stages p (the same 8 layers)")
     a_p.set_ylabel("best held-out loss (mean; bars: seed range)")
     a_p.set_title(f"Best loss over the sweep vs p ({len(data['seeds'])} seeds)", fontsize=10)
-    a_p.legend(fontsize=7)
+    a_p.legend(fontsize=LEGEND)
 
     # 5. bytes held at the peak, counted, on the rank that holds the most (stage 0)
     from matplotlib.patches import Patch
@@ -175,7 +178,7 @@ def plot_sync_vs_async(path, data):
                for k, c in colors.items()]
     handles += [Patch(facecolor="#999999", alpha=a, hatch=h, edgecolor="white", label=part) for part, h, a in parts]
     handles.append(plt.Line2D([], [], color="black", lw=1.5, label="formula (total)"))
-    a_mem.legend(handles=handles, fontsize=6.5, ncol=2)
+    a_mem.legend(handles=handles, fontsize=LEGEND, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     a_mem.set_xticks(range(len(runs)), [f"p={p}" for p in ps])
     a_mem.set_ylabel("KiB held by stage 0 at its peak")
     a_mem.set_title(f"Memory of stage 0 (the most loaded), counted from its arrays\n"
@@ -186,7 +189,7 @@ def plot_sync_vs_async(path, data):
         xs = np.arange(len(runs)) + (k - 1) * 0.27
         per_s = [r["speed"][scheme]["per_s"] for r in runs]
         bars = a_speed.bar(xs, per_s, 0.27, color=ASYNC_STYLE[scheme][0], label=scheme)
-        a_speed.bar_label(bars, [f"{r['speed'][scheme]['bubble']:.0%}" for r in runs], fontsize=6)
+        a_speed.bar_label(bars, [f"{r['speed'][scheme]['bubble']:.0%}" for r in runs], fontsize=8)
         a_speed.plot(xs, [r["speed"][scheme]["sim_per_s"] for r in runs], ls="none", marker="_", ms=14,
                      mew=2, color="black")
     a_speed.plot([], [], ls="none", marker="_", ms=14, mew=2, color="black",
@@ -197,7 +200,7 @@ def plot_sync_vs_async(path, data):
     a_speed.set_ylabel("micro-batches per second (log)")
     a_speed.set_title(f"Speed, measured (label: bubble); width {sp['width']}, b={sp['b']}, flush m={sp['m']}\n"
                       f"{data.get('machine', '')}", fontsize=10)
-    a_speed.legend(fontsize=7)
+    a_speed.legend(fontsize=LEGEND)
 
     fig.suptitle("Synchronous (flush) vs asynchronous (PipeDream) pipelines: convergence, staleness, memory, speed",
                  fontsize=12)

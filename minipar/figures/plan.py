@@ -50,6 +50,23 @@ def cells(model="gpt3-175b", gpus=1024, batch=1536, hardware="a100-80gb", prob=N
     return out, res
 
 
+def why_pp_needs_more(out, res) -> str:
+    """The caption that says why a pp = 1 cell fits where pp = 2 needs several times the memory:
+    ZeRO-2/3 shard weights and gradients over dp, and the planner (like Megatron and DeepSpeed's
+    pipeline engine) does not combine them with pp > 1."""
+    flat = sorted((t, row) for (t, p), (row, _) in out.items() if p == 1 and row is not None)
+    example = ""
+    if flat:
+        t, row = flat[0]
+        example = (f" (tp={t}, pp=1 fits in {res.ev['mem']['total'][row] / 1e9:.0f} GB "
+                   f"with ZeRO-{int(res.cfgs.zero[row])})")
+    return ("grey: nothing in the cell fits; the number is the least memory any of its configurations needs.\n"
+            f"With pp = 1, ZeRO-2/3 shard weights, gradients and optimizer state over the dp ranks{example}.\n"
+            "ZeRO-2/3 are not combined with pp > 1 (gradients would be reduce-scattered, and ZeRO-3's weights "
+            "gathered, once per micro-batch),\nso there a GPU holds its stage's whole weights and gradients: "
+            "ZeRO-1 at most.")
+
+
 def heatmap(out, res, path, title):
     plt = pyplot()
 
@@ -77,7 +94,8 @@ def heatmap(out, res, path, title):
     ax.set_ylabel("tensor-parallel size tp")
     fig.colorbar(im, ax=ax, label="predicted TFLOP/s per GPU (executed)")
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
+    fig.text(0.01, 0.01, why_pp_needs_more(out, res), fontsize=8, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return save(fig, path, dpi=120)
 
 

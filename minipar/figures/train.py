@@ -154,9 +154,12 @@ def plot_timeline(data, path):
     ax.legend(handles, ["forward of a micro-batch", "backward", "optimizer update", "TP all-reduce",
                         "PP send / receive (waiting)", "DP average", "tied-embedding sum"],
               fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.06), ncol=4)
+    cores = os.cpu_count() or 1
+    crowded = (f"\n{len(ranks)} ranks share this machine's {cores} cores: most of a TP lane is a rank waiting for its "
+               "partner to get a core, not data moving (one GPU per rank would shrink it)") if len(ranks) > cores else ""
     ax.set_title(f"One traced step of {data['traced']} on {len(ranks)} ranks: the TP all-reduces inside every "
                  "forward and backward,\nthe activations between the stages, then after the flush the tied sum "
-                 "(first and last stage) and the DP average, once", fontsize=9)
+                 "(first and last stage) and the DP average, once" + crowded, fontsize=9)
     return save(fig, path, tight=True)
 
 
