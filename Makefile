@@ -1,6 +1,6 @@
 # The two commands of the README. Each installs what it needs into .venv first.
 #   make tour    the tour of the lessons on real ranks
-#   make test    the whole test suite: about 13 minutes on 2 quiet cores, 25 under load; it names
+#   make test    the whole test suite: about 25 minutes on 2 cores (24 measured, quiet); it names
 #                each test file as it starts (a progress bar per long command: MINIPAR_PROGRESS=1)
 PYTHON ?= python3
 VENV   := .venv
