@@ -136,7 +136,10 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise UsageError(f"n={n!r}: the number of ranks must be a positive int")
-    check_backend(backend, device)
+    if check_backend(backend, device) == "cuda":  # a GPU that torch sees, before any rank starts
+        from .comm.torch_backend import require_gpu
+
+        require_gpu()
     if watchdog is None:
         from .comm.watchdog import timeout_from_env
 
@@ -201,9 +204,10 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
 
     Returns (exit code, combined output). Exit code 124 means we stopped it on the time limit.
     However the call ends (the limit, Ctrl-C, SIGTERM or SIGHUP, an error), the job ends with
-    it and leaves nothing behind (:func:`stop`). That includes a job that ended by itself after
-    a rank called ``MPI_Abort``: hydra's proxy then exits without removing its topology file, so
-    the file is noted while the job runs (``watch``) and removed when it is over.
+    it (:func:`stop`) and leaves nothing behind. Hydra's topology file in /tmp is removed here,
+    when the job is over, however it ended: a stopped job's (``stop`` finds it before it kills),
+    and a job's that ended by itself after a rank called ``MPI_Abort``, whose proxy exits without
+    removing it (``watch`` notes it while the job runs).
     """
     with ending_on_signals():
         proc, lines, held = None, [], set()
@@ -215,7 +219,7 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
             proxy makes it as it starts: 30 s of looking is plenty, and the watch ends with the job)."""
             deadline = time.monotonic() + 30
             while not held and proc.poll() is None and time.monotonic() < deadline:
-                held.update(_hydra_files([proc.pid] + [pid for pid, _ in _descendants(proc.pid)]))
+                held.update(_job_files(proc.pid))
                 ended.wait(0.2)
 
         def pump():
@@ -236,21 +240,22 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             stopping.set()
-            stop(proc)
+            held.update(stop(proc))
             lines.append(f"minipar: job killed after {limit:g} s (hard time limit)\n")
             code = 124
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP, or any error here: no rank outlives the call
             stopping.set()
             if proc is not None:
-                stop(proc)
+                held.update(stop(proc))
             raise
         finally:
             ended.set()
             if proc is not None:
                 watcher.join(timeout=5)
-            for path in held:  # gone already where hydra ended normally
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path)
+            with _held_signals():  # a second Ctrl-C waits until the files are gone
+                for path in held:  # gone already where hydra ended normally, or a stopped job's proxy removed it
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)
         reader.join(timeout=5)
         return code, "".join(lines)
 
@@ -260,20 +265,21 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
 GRACE = 3.0  # seconds a stopped job has to end its ranks and remove its files before SIGKILL
 
 
-def stop(proc, grace: float = GRACE):
-    """End the job ``proc`` (mpiexec) started, every process of it, and leave nothing on disk.
+def stop(proc, grace: float = GRACE) -> set:
+    """End the job ``proc`` (mpiexec) started, every process of it; returns hydra's files of it.
 
     Asked with SIGTERM, hydra's mpiexec ends its proxy, the proxy its ranks, and the proxy removes
     the topology file it keeps in /tmp (``hydra_hwloc_xmlfile_*``, whatever TMPDIR says); SIGKILL
     gives it no chance, and left that file behind at each Ctrl-C. So: SIGTERM to the job's process
     group, ``grace`` seconds, then SIGKILL to what is left of it, the ranks included (hydra starts
-    the proxy and the ranks in sessions of their own: the group does not reach them), and hydra's
-    files of this job (those its processes hold open) removed if it could not. A signal meanwhile
-    (a second Ctrl-C) waits until the clean-up is done.
+    the proxy and the ranks in sessions of their own: the group does not reach them). Hydra's
+    files of this job (those its processes hold open) are found first and returned: the caller
+    removes what the proxy could not (``run_streaming``, however the job ended). A signal meanwhile
+    (a second Ctrl-C) waits until the job is ended.
     """
     with _held_signals():
         family = _descendants(proc.pid)  # known now: once mpiexec is gone they are orphans
-        files = _hydra_files([proc.pid] + [pid for pid, _ in family])
+        files = _job_files(proc.pid, family)
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -287,9 +293,7 @@ def stop(proc, grace: float = GRACE):
             if _start_time(pid) == started:  # still that process, not a new one with its pid
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-        for path in files:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+        return files
 
 
 def _descendants(pid: int) -> list:
@@ -323,10 +327,12 @@ def _start_time(pid: int):
     return stat and stat[1]
 
 
-def _hydra_files(pids) -> set:
-    """The ``hydra_hwloc_xmlfile_*`` files these processes hold open: this job's, no other's."""
+def _job_files(pid: int, family=None) -> set:
+    """The ``hydra_hwloc_xmlfile_*`` files that mpiexec ``pid`` and the processes below it
+    (``family``, from :func:`_descendants`; found now if not given) hold open: this job's, no other's."""
+    family = _descendants(pid) if family is None else family
     files = set()
-    for pid in pids:
+    for pid in [pid] + [p for p, _ in family]:
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
