@@ -25,7 +25,6 @@ pays on a GPU; the all-reduce a real TP group adds (NVLink) is not measured here
 from __future__ import annotations
 
 import statistics
-import sys
 
 from ..records import write_json
 
@@ -34,11 +33,9 @@ from ..records import write_json
 
 
 def _cuda():
-    import torch
+    from ..comm.torch_backend import require_gpu
 
-    if not torch.cuda.is_available():
-        raise RuntimeError("minipar bench gpu needs torch with a CUDA device")
-    return torch.cuda
+    return require_gpu()
 
 
 def _around(run):
@@ -162,10 +159,7 @@ def run(args) -> int:
 
     import torch
 
-    if not torch.cuda.is_available():
-        print("minipar bench gpu: error: torch sees no CUDA device here (this benchmark measures a GPU)", file=sys.stderr)
-        return 2
-    name = torch.cuda.get_device_name(0)
+    name = _cuda().get_device_name(0)  # a UsageError (one line, exit 2) where there is no GPU
     print(f"device: {name}; {args.n} ranks share it (torch backend, gloo with host staging when ranks > GPUs)",
           flush=True)
     record = {"device": name, "torch": torch.__version__, "ranks": args.n}

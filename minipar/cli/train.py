@@ -304,10 +304,9 @@ def _device(args) -> str | None:
     if args.device == "cpu":
         return None
     check_backend(args.backend, args.device)
-    import torch
+    from ..comm.torch_backend import require_gpu
 
-    if not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch sees no CUDA device here; use --device cpu")
+    require_gpu()
     return args.device
 
 

@@ -71,14 +71,20 @@ def rendezvous():
 _KEEPS_ORDER = "sort_ranks" in inspect.signature(dist.new_group).parameters
 
 
+def require_gpu():
+    """``torch.cuda`` where torch sees a CUDA device, else a UsageError: what ``launch`` asks
+    before any rank starts with device='cuda', and each rank again."""
+    if not torch.cuda.is_available():
+        raise UsageError("device='cuda': torch sees no CUDA device on this machine (the cpu device runs everywhere)")
+    return torch.cuda
+
+
 def choose_engine(device: str, local_size: int) -> tuple[str, str | None]:
     """(engine, why): the engine for ``device`` with ``local_size`` ranks on this host, and a
     line saying why when it is not the one asked for (rank 0 prints it, once per job)."""
     if device == "cpu":
         return "gloo", None
-    if not torch.cuda.is_available():
-        raise UsageError("device='cuda' but torch sees no CUDA device; use device='cpu'")
-    gpus = torch.cuda.device_count()
+    gpus = require_gpu().device_count()
     if gpus >= local_size:
         return "nccl", None
     return "gloo", (f"device='cuda' with {local_size} ranks on {gpus} GPU{'s' if gpus > 1 else ''} on this host: "
