@@ -1,5 +1,7 @@
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +13,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+def minipar(*args, timeout=300, cwd=None):
+    """``python -m minipar ARGS`` in a subprocess (ranks find ``tests`` through the PYTHONPATH set
+    above): the CompletedProcess, stdout and stderr captured as text."""
+    return subprocess.run([sys.executable, "-m", "minipar", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
 
 
 def has_torch():

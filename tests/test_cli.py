@@ -6,10 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from .conftest import minipar
 
 
-def minipar(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "minipar", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_the_verbs():

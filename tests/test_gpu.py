@@ -6,17 +6,15 @@ with host staging (``comm.torch_backend.choose_engine``). docs/gpu.md has the me
 """
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 
 import pytest
 
-from .conftest import has_cuda
+from .conftest import has_cuda, minipar
 
 
-def minipar(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "minipar", *args], capture_output=True, text=True, timeout=timeout)
+minipar = functools.partial(minipar, timeout=600)  # this file's jobs' limit
 
 
 @pytest.mark.gpu

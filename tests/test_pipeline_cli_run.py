@@ -1,19 +1,17 @@
 """``minipar run pipeline``: executes on real ranks, writes the JSON summary and the trace."""
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 
 import pytest
+from .conftest import minipar
 
 KEYS = {"schedule", "stages", "microbatches", "measured_bubble_fraction",
         "simulated_bubble_fraction", "theory_bubble_fraction", "max_grad_error"}
 
 
-def minipar(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "minipar", *args], capture_output=True, text=True,
-                          timeout=timeout)
+minipar = functools.partial(minipar, timeout=120)  # this file's jobs' limit
 
 
 def test_bad_schedule_arguments_exit_2_without_launching():

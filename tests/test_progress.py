@@ -1,12 +1,13 @@
 """Long commands show a progress bar (on a terminal, or when asked), and write only where they are told."""
+import functools
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 from minipar.cli.common import PROGRESS_ENV, progress
+from .conftest import minipar
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,10 +42,7 @@ def test_progress_never_on_a_rank_nor_when_turned_off(env, monkeypatch, capsys):
     assert bar.disable and capsys.readouterr().err == ""
 
 
-def minipar(*argv, cwd):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.run([sys.executable, "-m", "minipar", *argv], capture_output=True, text=True, timeout=170,
-                          cwd=cwd, env=env)
+minipar = functools.partial(minipar, timeout=170)  # this file's jobs' limit
 
 
 def committed_figures():

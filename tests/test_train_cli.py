@@ -1,15 +1,14 @@
 """minipar train / generate from the shell: flags, progress, --compare, --json, --trace, checkpoints, refusals."""
+import functools
 import json
-import subprocess
-import sys
 
 import pytest
+from .conftest import minipar
 
 TINY = ["--layers", "2", "--d-model", "16", "--heads", "4", "--seq-len", "8", "--batch", "8"]
 
 
-def minipar(*args, timeout=500):
-    return subprocess.run([sys.executable, "-m", "minipar", *args], capture_output=True, text=True, timeout=timeout)
+minipar = functools.partial(minipar, timeout=500)  # this file's jobs' limit
 
 
 @pytest.mark.parametrize("verb", [["train"], ["generate"], ["bench", "train"]])

@@ -1,10 +1,10 @@
 """The learner's workspace (``minipar lab start``), staged hints (``minipar check NN --hint T``)
 and the answer on request (``minipar lab solution``): solving the labs in a workspace never
 touches the skeletons the suite grades."""
+import functools
 import hashlib
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +13,12 @@ from minipar.course import labs
 
 from .test_cli import in_process
 from .test_labs import ROOT, check, skeleton_fails_every_task, solved
+from .conftest import minipar
 
 LABS = labs()
 
 
-def minipar(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "minipar", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+minipar = functools.partial(minipar, timeout=120)  # this file's jobs' limit
 
 
 def fingerprint(folder):
