@@ -38,6 +38,12 @@ Clipping by the global gradient norm (``clip``), which must count every paramete
     clip_skipped_on_one_rank  the last rank computes the norm but steps unclipped: its weights
                            drift from the others' (losses, parameters, replicas)
 
+Mixed precision (``precision`` fp16), whose overflow must make every rank skip the step:
+
+    overflow_seen_locally  the found-inf flag is not all-reduced over the world: a rank skips a
+                           step only when its own gradients overflowed, its tp, pp and dp peers
+                           step ("every rank skipped", weights, replicas)
+
 They patch the library inside the rank that runs them (tests and the lab's grader use them).
 """
 from __future__ import annotations
@@ -52,7 +58,7 @@ from ..xp import contiguous, namespace
 MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_axis", "selective_keeps_probs",
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
            "experts_everywhere", "recompute_counted", "clip_replicated_per_tp", "clip_tied_twice",
-           "clip_every_replica", "clip_skipped_on_one_rank")
+           "clip_every_replica", "clip_skipped_on_one_rank", "overflow_seen_locally")
 
 
 @contextlib.contextmanager
@@ -134,6 +140,10 @@ def planted(name):
         original = trainer.Trainer.scale_grads
         patch(trainer.Trainer, "scale_grads",
               lambda self, scale: None if self.comm.rank == self.comm.size - 1 else original(self, scale))
+    elif name == "overflow_seen_locally":
+        from .precision import nonfinite
+
+        patch(trainer.Trainer, "found_inf", lambda self: nonfinite(self.grads()))
     try:
         yield
     finally:

@@ -1,0 +1,124 @@
+"""Lesson 5 in mixed precision on real ranks: every grid against one process at the same precision
+(tight) and against float64 (the dtype's tolerance); fp16's loss scale, decided by every rank
+together.
+
+    out = launch(8, "minipar.lessons.train_precision:check_precision", configs=[dict(dp=2, pp=2, tp=2,
+                 schedule="1f1b", microbatches=2, precision="bf16")], steps=4)
+    out = launch(4, "minipar.lessons.train_precision:check_overflow", config=dict(dp=2, tp=2, precision="fp16"))
+
+The tolerances, per precision, on the relative error of the losses (docs/train.md derives them):
+with u the dtype's unit roundoff (bf16 2^-8, fp16 2^-11), a grid differs from one process at the
+same precision by where its sums are cut and rounded (at most one rounding more per value: u),
+and one process differs from float64 by the roundings of the weights, the activations and the
+logits (u); so u against one process, 2u against float64.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import rel_error
+from .train import first_ranks, grid_rows, label, make_config, ranks_of, row, wait_politely
+
+# the losses' relative error allowed against one process at the same precision, and against float64
+SAME = {"fp64": 1e-12, "fp32": 1e-5}
+F64 = {"fp64": 1e-12, "fp32": 1e-5}
+PARAMS = {"fp64": 1e-12, "fp32": 1e-4}  # train.check_grids' (a few float32 elements flip, see there)
+
+
+def tolerances(cfg) -> tuple[float, float, float]:
+    """(losses vs one process at the same precision, losses vs float64, parameters vs one process).
+
+    Parameters in 16 bits: Adam moves every element by about lr a step whatever its gradient's
+    size, so an element whose gradient is at the rounding's noise level may step the other way on
+    the grid: up to 2 lr per step apart; and the 16-bit working copy of the same master may round
+    one unit (2u relative) apart. Hence 2 lr steps + 2u, relative to the largest weight (about 1)."""
+    from ..train.precision import UNIT_ROUNDOFF
+
+    p = cfg.precision
+    if p in SAME:
+        return SAME[p], F64[p], PARAMS[p]
+    u = UNIT_ROUNDOFF[p]
+    return u, 2 * u, 2 * cfg.lr * cfg.steps + 2 * u
+
+
+def check_precision(comm, configs, steps=4, mutant=None):
+    """Train every configuration (dicts of TrainConfig fields, with ``precision``) on the first
+    ranks and compare it with one process at its precision (losses, parameters, norms, replicas,
+    tied copies: ``train.grid_rows``) and with one float64 process (losses); with fp16, every
+    rank's skipped steps and loss scales against one process's."""
+    from ..train.mutants import planted
+    from ..train.trainer import train, train_reference
+
+    rows = []
+    for i, kw in enumerate(configs):
+        cfg = make_config(**dict(kw, steps=steps))
+        same, f64, ptol = tolerances(cfg)
+        record, norms, skipped = [], [], []
+        ref_losses, ref_params = train_reference(cfg, record=record, norms=norms, skipped=skipped)
+        ref64 = train_reference(cfg.with_(precision="fp64"))[0] if not skipped else None
+        sub = first_ranks(comm, ranks_of(cfg), f"cfg{i}")
+        if sub is not None:
+            with planted(mutant):
+                tr, losses, _ = train(sub, cfg)
+            rows += grid_rows(sub, cfg, tr, losses, ref_losses, ref_params, tol=same, param_tol=ptol,
+                              ref_experts=record, ref_norms=[n for n in norms if n != "skipped"])
+            what = label(cfg)
+            if not skipped:  # (float64 takes every step)
+                rows.append(row(f"{what}: losses of {len(losses)} steps vs one float64 process",
+                                rel_error(np.array(losses), np.array(ref64)), f64))
+            if tr.scaler is not None:
+                everyone = sub.builtin.allgather_object((tr.skipped, tr.scales))
+                agree = all(e == everyone[0] for e in everyone) and tr.skipped == skipped
+                rows.append(row(f"{what}: every rank skipped the steps one process skipped ({skipped or 'none'}), "
+                                f"with the same loss scales", 0.0 if agree else 1.0, 0.0))
+        wait_politely(comm)
+    return rows
+
+
+def check_overflow(comm, config, at=1, rank=None, steps=3, mutant=None):
+    """fp16: an inf planted in one gradient of one rank (world rank ``rank``, default the last)
+    at step ``at``, after the dp reduction, where no other rank's gradients can see it. Every
+    rank must skip that step (its weights unchanged) and halve its loss scale; the steps around
+    it train."""
+    from ..train.mutants import planted
+    from ..train.trainer import Trainer
+
+    cfg = make_config(**dict(config, steps=steps))
+    rank = comm.size - 1 if rank is None else rank
+    weights = []
+    with planted(mutant):
+        tr = Trainer(comm, cfg)
+        for s in range(steps):
+            weights.append(tr.local_params())
+            tr.step(s) if s != at or comm.rank != rank else poisoned_step(tr, s)
+        weights.append(tr.local_params())
+    unchanged = all(np.array_equal(a, weights[at + 1][n]) for n, a in weights[at].items())
+    moved = all(any(not np.array_equal(a, weights[s + 1][n]) for n, a in weights[s].items())
+                for s in range(steps) if s != at)
+    everyone = comm.builtin.allgather_object((tr.skipped, tr.scaler.scale, unchanged, moved))
+    what = f"{label(cfg)}: an inf in one gradient of world rank {rank} at step {at}"
+    return [
+        row(f"{what}: every rank skipped step {at}, and only it",
+            0.0 if all(sk == [at] for sk, *_ in everyone) else 1.0, 0.0),
+        row(f"{what}: every rank's loss scale fell to {cfg.initial_scale / 2:g}",
+            0.0 if all(sc == cfg.initial_scale / 2 for _, sc, *_ in everyone) else 1.0, 0.0),
+        row(f"{what}: every rank's weights unchanged by step {at}, changed by the others",
+            0.0 if all(u and m for *_, u, m in everyone) else 1.0, 0.0),
+    ]
+
+
+def poisoned_step(tr, step):
+    """``tr.step(step)`` with an inf written into this rank's first gradient right after the dp
+    reduction (a gradient no other rank adds into from then on)."""
+    sync = tr.sync_dp
+
+    def sync_then_poison():
+        sync()
+        g = tr.grads()[0]
+        g[(0,) * len(g.shape)] = float("inf")
+
+    tr.sync_dp = sync_then_poison
+    try:
+        return tr.step(step)
+    finally:
+        del tr.sync_dp  # the class's method again
