@@ -6,39 +6,15 @@ together.
                  schedule="1f1b", microbatches=2, precision="bf16")], steps=4)
     out = launch(4, "minipar.lessons.train_precision:check_overflow", config=dict(dp=2, tp=2, precision="fp16"))
 
-The tolerances, per precision, on the relative error of the losses (docs/train.md derives them):
-with u the dtype's unit roundoff (bf16 2^-8, fp16 2^-11), a grid differs from one process at the
-same precision by where its sums are cut and rounded (at most one rounding more per value: u),
-and one process differs from float64 by the roundings of the weights, the activations and the
-logits (u); so u against one process, 2u against float64.
+The tolerances, per precision: ``minipar.train.precision.tolerances`` (docs/train.md derives them).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ..train.precision import tolerances
 from .common import rel_error
 from .train import first_ranks, grid_rows, label, make_config, ranks_of, row, wait_politely
-
-# the losses' relative error allowed against one process at the same precision, and against float64
-SAME = {"fp64": 1e-12, "fp32": 1e-5}
-F64 = {"fp64": 1e-12, "fp32": 1e-5}
-PARAMS = {"fp64": 1e-12, "fp32": 1e-4}  # train.check_grids' (a few float32 elements flip, see there)
-
-
-def tolerances(cfg) -> tuple[float, float, float]:
-    """(losses vs one process at the same precision, losses vs float64, parameters vs one process).
-
-    Parameters in 16 bits: Adam moves every element by about lr a step whatever its gradient's
-    size, so an element whose gradient is at the rounding's noise level may step the other way on
-    the grid: up to 2 lr per step apart; and the 16-bit working copy of the same master may round
-    one unit (2u relative) apart. Hence 2 lr steps + 2u, relative to the largest weight (about 1)."""
-    from ..train.precision import UNIT_ROUNDOFF
-
-    p = cfg.precision
-    if p in SAME:
-        return SAME[p], F64[p], PARAMS[p]
-    u = UNIT_ROUNDOFF[p]
-    return u, 2 * u, 2 * cfg.lr * cfg.steps + 2 * u
 
 
 def check_precision(comm, configs, steps=4, mutant=None):

@@ -67,6 +67,31 @@ MASTER = {"fp64": "float64", "fp32": "float32", "bf16": "float32", "fp16": "floa
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
 LOSS_SCALES = ("dynamic", "static")
 
+# the losses' relative error allowed against one process at the same precision, and against float64
+SAME = {"fp64": 1e-12, "fp32": 1e-5}
+F64 = {"fp64": 1e-12, "fp32": 1e-5}
+PARAMS = {"fp64": 1e-12, "fp32": 1e-4}  # train.check_grids' (a few float32 elements flip, see there)
+
+
+def tolerances(cfg) -> tuple[float, float, float]:
+    """(losses vs one process at the same precision, losses vs float64, parameters vs one process):
+    relative errors, max |a - b| / max |b| (docs/train.md derives them).
+
+    Losses in 16 bits, with u the unit roundoff (bf16 2^-8, fp16 2^-11): a grid differs from one
+    process at the same precision by where its sums are cut and rounded (at most one rounding
+    more per value: u), and one process differs from float64 by the roundings of the weights, the
+    activations and the logits (u); so u against one process, 2u against float64.
+
+    Parameters in 16 bits: Adam moves every element by about lr a step whatever its gradient's
+    size, so an element whose gradient is at the rounding's noise level may step the other way on
+    the grid: up to 2 lr per step apart; and the 16-bit working copy of the same master may round
+    one unit (2u relative) apart. Hence 2 lr steps + 2u, relative to the largest weight (about 1)."""
+    p = cfg.precision
+    if p in SAME:
+        return SAME[p], F64[p], PARAMS[p]
+    u = UNIT_ROUNDOFF[p]
+    return u, 2 * u, 2 * cfg.lr * cfg.steps + 2 * u
+
 
 @dataclass(frozen=True)
 class Policy:
