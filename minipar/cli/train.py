@@ -225,7 +225,7 @@ def expert_line(experts) -> str:
 # a flag of ``train`` that the checkpoint fixes: where its value is in the checkpoint's index
 FIXED_BY_CHECKPOINT = {"d_model": ("model", "d_model"), "layers": ("model", "n_layers"), "heads": ("model", "n_heads"),
                        "seq_len": ("model", "seq_len"), "experts": ("model", "n_experts"), "top_k": ("model", "top_k"),
-                       "batch": ("train", "batch"), "lr": ("train", "lr")}
+                       "batch": ("train", "batch"), "lr": ("train", "lr"), "clip": ("train", "clip")}
 
 
 def contradicts(args, index):

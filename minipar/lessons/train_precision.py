@@ -98,3 +98,59 @@ def poisoned_step(tr, step):
         return tr.step(step)
     finally:
         del tr.sync_dp  # the class's method again
+
+
+def check_resume(comm, directory, saved, resumed, steps=4, at=2):
+    """Train ``saved`` (a config dict with a 16-bit ``precision``) for ``steps`` steps,
+    checkpointing after ``at``; resume on the same grid (the losses and fp16's loss scales must
+    continue bitwise) and on each of ``resumed`` (other grids: the same precision's tolerance u).
+    The wrong way that must differ: master weights taken from the 16-bit copy."""
+    from ..train.checkpoint import resume
+    from ..train.trainer import train
+
+    cfg = make_config(**dict(saved, steps=steps))
+    sub = first_ranks(comm, ranks_of(cfg), "saved")
+    full = scales = None
+    if sub is not None:
+        tr, full, _ = train(sub, cfg, save=directory, save_every=at)
+        scales = tr.scales
+    full, scales = comm.builtin.bcast_object((full, scales), 0)
+    wait_politely(comm)
+    rows, same = [], tolerances(cfg)[0]
+    for i, kw in enumerate([saved] + list(resumed)):
+        other = make_config(**dict(kw, model=saved.get("model"), steps=steps))
+        sub = first_ranks(comm, ranks_of(other), f"resumed{i}")
+        if sub is not None:
+            what = f"{label(cfg)} saved at step {at}, resumed on {label(other)}"
+            tr, start = resume(sub, other, f"{directory}/step{at:06d}")
+            _, losses, _ = train(sub, other, trainer=tr, start=start)
+            rows.append(row(f"{what}: losses of steps {at}..{steps - 1}" + (" (bitwise)" if i == 0 else ""),
+                            rel_error(np.array(losses), np.array(full[at:])), 0.0 if i == 0 else same))
+            if tr.scaler is not None:
+                rows.append(row(f"{what}: the loss scales continue ({tr.scales})",
+                                0.0 if tr.scales == scales[at:] else 1.0, 0.0))
+            if i == 0:  # the wrong way, once
+                tr, start = resume(sub, other, f"{directory}/step{at:06d}")
+                for e in tr.engines:
+                    for mod, pname, lo, hi, master in e.master_pieces():
+                        master[...] = flat_as(mod.params[pname], master)[lo:hi]
+                _, losses, _ = train(sub, other, trainer=tr, start=start)
+                err = rel_error(np.array(losses), np.array(full[at:]))
+                rows.append(row(f"{what}: wrong way, master weights from the 16-bit copy, differs",
+                                0.0 if err > 0 else 1.0, 0.0))
+                if tr.scaler is not None:
+                    tr, start = resume(sub, other, f"{directory}/step{at:06d}")
+                    tr.scaler.scale, tr.scaler.good = other.initial_scale, 0  # the state not restored
+                    train(sub, other, trainer=tr, start=start)
+                    rows.append(row(f"{what}: wrong way, the loss scale from --initial-scale, runs other scales",
+                                    0.0 if tr.scales != scales[at:] else 1.0, 0.0))
+        wait_politely(comm)
+    return rows
+
+
+def flat_as(param, like):
+    """``param`` flattened, in ``like``'s dtype."""
+    from ..xp import namespace
+
+    xp = namespace(param)
+    return xp.astype(xp.reshape(param, (-1,)), like.dtype)
