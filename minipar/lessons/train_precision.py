@@ -37,7 +37,7 @@ def check_precision(comm, configs, steps=4, mutant=None):
             with planted(mutant):
                 tr, losses, _ = train(sub, cfg)
             rows += grid_rows(sub, cfg, tr, losses, ref_losses, ref_params, tol=same, param_tol=ptol,
-                              ref_experts=record, ref_norms=[n for n in norms if n != "skipped"])
+                              ref_experts=record, ref_norms=norms)
             what = label(cfg)
             if not skipped:  # (float64 takes every step)
                 rows.append(row(f"{what}: losses of {len(losses)} steps vs one float64 process",
@@ -71,13 +71,14 @@ def check_overflow(comm, config, at=1, rank=None, steps=3, mutant=None):
     unchanged = all(np.array_equal(a, weights[at + 1][n]) for n, a in weights[at].items())
     moved = all(any(not np.array_equal(a, weights[s + 1][n]) for n, a in weights[s].items())
                 for s in range(steps) if s != at)
-    everyone = comm.builtin.allgather_object((tr.skipped, tr.scaler.scale, unchanged, moved))
+    halved = tr.scales[at + 1] == tr.scales[at] / 2  # the scale step at + 1 ran with
+    everyone = comm.builtin.allgather_object((tr.skipped, halved, unchanged, moved))
     what = f"{label(cfg)}: an inf in one gradient of world rank {rank} at step {at}"
     return [
         row(f"{what}: every rank skipped step {at}, and only it",
             0.0 if all(sk == [at] for sk, *_ in everyone) else 1.0, 0.0),
-        row(f"{what}: every rank's loss scale fell to {cfg.initial_scale / 2:g}",
-            0.0 if all(sc == cfg.initial_scale / 2 for _, sc, *_ in everyone) else 1.0, 0.0),
+        row(f"{what}: every rank halved its loss scale",
+            0.0 if all(h for _, h, *_ in everyone) else 1.0, 0.0),
         row(f"{what}: every rank's weights unchanged by step {at}, changed by the others",
             0.0 if all(u and m for *_, u, m in everyone) else 1.0, 0.0),
     ]
@@ -154,3 +155,13 @@ def flat_as(param, like):
 
     xp = namespace(param)
     return xp.astype(xp.reshape(param, (-1,)), like.dtype)
+
+
+def check_fp16_events(comm, config, directory, resumed=()):
+    """fp16's loss scale on one job: an overflow on one rank (``check_overflow``), the same with
+    the flag not all-reduced (rows named "overflow_seen_locally: ...", which must fail), and a
+    checkpoint resumed on its grid and on ``resumed`` (``check_resume``)."""
+    rows = check_overflow(comm, config)
+    rows += [dict(r, what=f"overflow_seen_locally: {r['what']}")
+             for r in check_overflow(comm, config, mutant="overflow_seen_locally")]
+    return rows + check_resume(comm, directory, config, resumed)

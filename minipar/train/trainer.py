@@ -297,9 +297,7 @@ class Trainer:
         self.sync_experts()  # nothing sent: an expert's gradient already holds every replica's tokens
         self.sync_dp()  # dp: the replicated gradients averaged over the dp x cp ranks
         if self.scaler is not None and not self.unscale():  # all: an overflow anywhere, every rank skips
-            self.skipped.append(step)
-            if self.cfg.clip is not None:
-                self.grad_norms.append(float("inf"))
+            self.skipped.append(step)  # (and has no norm for it)
             return out["loss"]
         if self.cfg.clip is not None:  # all: the global norm, each parameter counted once
             self.grad_norms.append(self.clip_grads())
@@ -356,7 +354,8 @@ def train(comm, cfg: TrainConfig, report=None, dense=None, trainer=None, start=0
             tr.history.append(experts)
             if report is not None and comm.rank == 0:
                 report(step, {"loss": losses[-1], "time": times[-1], "memory": [e[3] for e in everyone],
-                              "experts": experts, "grad_norm": tr.grad_norms[-1] if cfg.clip is not None else None,
+                              "experts": experts,
+                              "grad_norm": tr.grad_norms[-1] if cfg.clip is not None and step not in tr.skipped else None,
                               "loss_scale": tr.scales[-1] if tr.scaler else None, "skipped": step in tr.skipped})
             if save and ((save_every and (step + 1) % save_every == 0) or step + 1 == cfg.steps):
                 save_checkpoint(tr, save, step + 1)
@@ -418,10 +417,11 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
             moe.groups, moe.aux_groups, moe.log = cfg.dp * m, m, []
     losses, steps = [], steps if steps is not None else cfg.steps
     for step in (progress or (lambda it, **_: it))(range(steps), desc="one-process reference", total=steps, unit="step"):
-        loss, norm = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows], cfg.clip, pol, scaler)
-        if norms is not None:
+        loss, norm, stepped = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows], cfg.clip,
+                                         pol, scaler)
+        if norms is not None and stepped:
             norms.append(norm)
-        if skipped is not None and scaler is not None and norm == "skipped":
+        if skipped is not None and not stepped:
             skipped.append(step)
         aux = sum(moe.log[0][0] for _, moe in moes)
         losses.append(float(loss) + aux if moes else float(loss))
@@ -456,8 +456,8 @@ def dense_step(model, opt, ids, clip=None, pol=None, scaler=None):
     """One step of the dense GPT on token ids (B, T+1) in one process: forward, cross-entropy,
     backward, [fp16: unscale, or skip on an overflow], [clipping by the global norm, as torch's
     ``clip_grad_norm_(max_norm=clip)``], Adam. Returns (the loss, the gradient norm before
-    clipping or None; "skipped" for a step fp16 skipped): the loss is the cross-entropy; MoE aux
-    losses are in the layers' logs."""
+    clipping or None, whether it stepped: fp16 skips a step with an overflow): the loss is the
+    cross-entropy; MoE aux losses are in the layers' logs."""
     model.zero_grad()
     logits, ctx = model.forward(ids[:, :-1])  # (B, T, V)
     if pol is None:
@@ -473,7 +473,7 @@ def dense_step(model, opt, ids, clip=None, pol=None, scaler=None):
                 g *= 1.0 / scaler.scale
         scaler.update(inf)
         if inf:
-            return loss, "skipped"
+            return loss, None, False
     norm = clip_grad_norm(grads, clip) if clip is not None else None  # every parameter is here once
     opt.step(grads)
-    return loss, norm
+    return loss, norm, True
