@@ -28,9 +28,10 @@ def check_precision(comm, configs, steps=4, mutant=None):
     rows = []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=steps))
-        same, f64, ptol = tolerances(cfg)
         record, norms, skipped = [], [], []
         ref_losses, ref_params = train_reference(cfg, record=record, norms=norms, skipped=skipped)
+        smallest = min(float(np.max(np.abs(a.astype(np.float64)))) for a in ref_params.values())
+        same, f64, ptol = tolerances(cfg, steps - len(skipped), smallest)
         ref64 = train_reference(cfg.with_(precision="fp64"))[0] if not skipped else None
         sub = first_ranks(comm, ranks_of(cfg), f"cfg{i}")
         if sub is not None:

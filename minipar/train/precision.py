@@ -73,7 +73,7 @@ F64 = {"fp64": 1e-12, "fp32": 1e-5}
 PARAMS = {"fp64": 1e-12, "fp32": 1e-4}  # train.check_grids' (a few float32 elements flip, see there)
 
 
-def tolerances(cfg) -> tuple[float, float, float]:
+def tolerances(cfg, steps=None, smallest=1.0) -> tuple[float, float, float]:
     """(losses vs one process at the same precision, losses vs float64, parameters vs one process):
     relative errors, max |a - b| / max |b| (docs/train.md derives them).
 
@@ -82,15 +82,17 @@ def tolerances(cfg) -> tuple[float, float, float]:
     more per value: u), and one process differs from float64 by the roundings of the weights, the
     activations and the logits (u); so u against one process, 2u against float64.
 
-    Parameters in 16 bits: Adam moves every element by about lr a step whatever its gradient's
-    size, so an element whose gradient is at the rounding's noise level may step the other way on
-    the grid: up to 2 lr per step apart; and the 16-bit working copy of the same master may round
-    one unit (2u relative) apart. Hence 2 lr steps + 2u, relative to the largest weight (about 1)."""
+    Parameters in 16 bits, each tensor relative to its largest weight: Adam moves every element
+    by about lr a step whatever its gradient's size (exactly lr on the first step), so an element
+    whose gradient is at the rounding's noise level may step the other way on the grid: up to 2 lr
+    per step apart, ``steps`` steps taken (default ``cfg.steps``), relative to ``smallest``, the
+    smallest largest weight of a tensor; and the 16-bit copies of nearly equal masters may round
+    one unit (2u) apart. Hence 2 lr steps / smallest + 2u."""
     p = cfg.precision
     if p in SAME:
         return SAME[p], F64[p], PARAMS[p]
     u = UNIT_ROUNDOFF[p]
-    return u, 2 * u, 2 * cfg.lr * cfg.steps + 2 * u
+    return u, 2 * u, 2 * cfg.lr * (cfg.steps if steps is None else steps) / smallest + 2 * u
 
 
 @dataclass(frozen=True)
