@@ -57,6 +57,23 @@ def test_bad_precision_settings_are_refused_in_one_line(kw, flag):
     assert "\n" not in str(err.value)
 
 
+def ledger(comm, precision, zero=0, mutant=None):
+    """(weights' dtypes, gradients' dtypes, [(bytes per parameter, the planner's), ...],
+    [(measured, predicted) params/grads/optimizer bytes, ...]) of a trainer after one step."""
+    from minipar.memory import Precision
+    from minipar.train.mutants import planted
+    from minipar.train.trainer import Trainer
+
+    keys = ("params_bytes", "grads_bytes", "optimizer_bytes")
+    with planted(mutant):
+        tr = Trainer(comm, make_config(model=SHORT, precision=precision, zero=zero, microbatches=2))
+        tr.step(0)
+    weights = {str(a.dtype) for st in tr.stages.values() for _, a in st.named_parameters()}
+    table = Precision(precision, "fp32").bytes
+    return (weights, {str(g.dtype) for g in tr.grads()}, [(e.bytes_per_param(), table) for e in tr.engines],
+            [([e.measured_memory()[k] for k in keys], [e.predicted_memory()[k] for k in keys]) for e in tr.engines])
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("precision, weights, grads", [("bf16", "bfloat16", "float32"), ("fp16", "float16", "float32"),
                                                        ("fp32", "float32", "float32")])
@@ -64,19 +81,19 @@ def test_bad_precision_settings_are_refused_in_one_line(kw, flag):
 def test_the_weights_are_16_bit_the_gradients_float32_and_the_bytes_the_planners(comm, precision, weights, grads, zero):
     """The trainer's ledger to the byte: zero_bytes with the engine's bytes per parameter, which are
     the planner's ``Precision`` table (bf16: 2 + 4 + 12 = 18, fp32: 4 + 4 + 8 = 16)."""
-    from minipar.memory import Precision
-    from minipar.train.trainer import Trainer
+    got_weights, got_grads, per_param, bytes_ = ledger(comm, precision, zero)
+    assert got_weights == {weights}
+    assert got_grads == {grads}  # main_grad: every micro-batch added in float32
+    assert all(mine == table for mine, table in per_param)
+    assert all(measured == predicted for measured, predicted in bytes_)
 
-    tr = Trainer(comm, make_config(model=SHORT, precision=precision, zero=zero, microbatches=2))
-    tr.step(0)
-    assert {str(a.dtype) for st in tr.stages.values() for _, a in st.named_parameters()} == {weights}
-    assert {str(g.dtype) for g in tr.grads()} == {grads}  # main_grad: every micro-batch added in float32
-    table = Precision(precision if precision != "fp16" else "fp16", "fp32").bytes
-    for e in tr.engines:
-        assert e.bytes_per_param() == table
-        got, want = e.measured_memory(), e.predicted_memory()
-        assert [got[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes")] == \
-               [want[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes")]
+
+@pytest.mark.timeout(60)
+def test_gradients_kept_in_16_bits_fail_the_dtype_and_the_planners_bytes(comm):
+    """The planted bug ``main_grad_16_bit``: bf16 gradients, 2 bytes where the table says 4."""
+    _, got_grads, per_param, _ = ledger(comm, "bf16", mutant="main_grad_16_bit")
+    assert got_grads == {"bfloat16"}
+    assert all(mine != table for mine, table in per_param)
 
 
 def test_a_grid_and_one_process_tolerances_follow_the_unit_roundoff():
