@@ -61,6 +61,7 @@ def label(cfg) -> str:
     extra += ["Ulysses"] if cfg.cp > 1 and cfg.cp_attention == "ulysses" else []
     extra += [f"E={M.n_experts} top-{M.top_k} f={M.capacity_factor}"] if M.n_experts else []
     extra += [f"clip {cfg.clip}"] if cfg.clip is not None else []
+    extra += [f"dropout {cfg.dropout}"] if cfg.dropout else []
     cp = f" cp{cfg.cp}" if cfg.cp > 1 else ""
     return f"dp{cfg.dp} pp{cfg.pp}{cp} tp{cfg.tp}" + (f" ({', '.join(extra)})" if extra else "")
 
@@ -150,7 +151,7 @@ def check_grids(comm, configs, steps=5, mutant=None):
     refs, rows = {}, []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=steps))
-        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip)
+        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip, cfg.dropout)
         if cfg.model.n_experts:  # the routing groups follow the grid (train_reference)
             key += (cfg.dp, cfg.microbatches)
         if key not in refs:
