@@ -69,21 +69,23 @@ class Draw:
         if rows is not None:
             self.rows = np.asarray(rows, dtype=np.int64)
 
-    def key(self, layer: int, site: str) -> np.ndarray:
-        """Philox's key for (seed, step, layer, site): (2,) uint64."""
-        return np.random.SeedSequence([self.seed, self.step, layer, SITES[site]]).generate_state(2, np.uint64)
-
     def keep(self, layer, site, shape, positions=None, cols=None) -> np.ndarray:
-        """Which elements are kept: (rows, positions, columns) bools, of a site whose global
-        tensor is (global batch, T, D) = (..., *shape); ``positions`` (None: all T) and ``cols``
-        ((lo, hi), None: all D) are the global indices this rank holds."""
-        key = self.key(layer, site)
-        T, D = shape
-        pos = slice(None) if positions is None else np.asarray(positions)
-        lo, hi = cols if cols is not None else (0, D)
-        out = []
-        for r in self.rows:  # each global row its own counter: no rank draws another row's bits
-            u = np.random.Generator(np.random.Philox(key=key, counter=[0, int(r), 0, 0])).random((T, D))
-            out.append(u[pos, lo:hi] >= self.p)  # (t, hi - lo)
-        return np.stack(out)  # (b, t, d)
+        """``keep_mask`` of site ``site`` of layer ``layer`` at this step, for the rows I am at."""
+        return keep_mask((self.seed, self.step, layer, SITES[site]), self.rows, shape, positions, cols, self.p)
 
+
+def keep_mask(key, rows, shape, positions, cols, p) -> np.ndarray:
+    """Which elements dropout keeps: (rows, positions, columns) bools of a site whose global
+    tensor is (global batch, T, D), ``shape`` = (T, D); ``key``: ints (seed, step, layer, site);
+    ``rows``: the global batch rows held, ``positions`` (None: all T) and ``cols`` ((lo, hi),
+    None: all D) the global positions and columns held. Element (r, t, j) is kept iff
+    u[t, j] >= p, u the (T, D) uniforms of Philox(key, counter = r): its global index decides."""
+    k = np.random.SeedSequence(list(key)).generate_state(2, np.uint64)  # Philox's 128-bit key
+    T, D = shape
+    pos = slice(None) if positions is None else np.asarray(positions)
+    lo, hi = cols if cols is not None else (0, D)
+    out = []
+    for r in rows:  # each global row its own counter: no rank draws another row's bits
+        u = np.random.Generator(np.random.Philox(key=k, counter=[0, int(r), 0, 0])).random((T, D))
+        out.append(u[pos, lo:hi] >= p)  # (t, hi - lo)
+    return np.stack(out)  # (b, t, d)
