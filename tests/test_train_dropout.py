@@ -142,3 +142,13 @@ def test_each_planted_bug_of_dropout_breaks_the_equality():
     for mutant, _ in MUTANTS:
         named = [r for r in rows if r["what"].startswith(mutant + ":") and "losses of" in r["what"]]
         assert named and not any(r["ok"] for r in named), (mutant, named)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_the_masks_are_counted_in_the_activation_bytes_to_the_byte():
+    configs = [dict(model=SHORT, dp=1, pp=2, tp=2, schedule="zb-h1", microbatches=2, sequence_parallel=True, dropout=P),
+               dict(model=SHORT, dp=1, pp=2, tp=2, schedule="zb-h1", microbatches=2, recompute="full", dropout=P)]
+    out = launch(4, "minipar.lessons.train:check_accounting", quiet=True, job_timeout=110, configs=configs)
+    rows = [r for r in merge_rows(out.results) if "activation bytes" in r["what"]]
+    assert len(rows) == len(configs) and all(r["ok"] for r in rows), rows  # merged over the ranks: each the worst

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ..xp import from_numpy, namespace, size, to_numpy
+from ..xp import from_numpy, like_kind, namespace, size, to_numpy
 from . import functional as F
 from .dropout import SITES
 
@@ -208,9 +208,9 @@ class Dropout(Module):
         self.cols = cols
 
     def mask(self, like):
-        """The 0/1 mask of the micro-batch ``draw`` is at, in ``like``'s kind and dtype."""
-        keep = self.draw.keep(self.layer, self.site, self.shape, self.positions, self.cols)
-        return from_numpy(keep, like)  # (b, t, d)
+        """The keep mask (bools, 1 byte an element) of the micro-batch ``draw`` is at, in
+        ``like``'s kind and device."""
+        return like_kind(self.draw.keep(self.layer, self.site, self.shape, self.positions, self.cols), like)  # (b, t, d)
 
     def forward(self, x):
         if self.draw is None or self.draw.p == 0:

@@ -58,7 +58,7 @@ import contextlib
 import numpy as np
 
 from ..collectives import all_gather, all_reduce, reduce_scatter
-from ..xp import contiguous, from_numpy, namespace
+from ..xp import contiguous, like_kind, namespace
 
 MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_axis", "selective_keeps_probs",
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
@@ -150,7 +150,7 @@ def planted(name):
     elif name == "dropout_shared_in_tp":
         def mask(self, like):  # my shard's mask drawn at columns 0 ... hi-lo: TP rank 0's, on every TP rank
             cols = None if self.cols is None else (0, self.cols[1] - self.cols[0])
-            return from_numpy(self.draw.keep(self.layer, self.site, self.shape, self.positions, cols), like)
+            return like_kind(self.draw.keep(self.layer, self.site, self.shape, self.positions, cols), like)
 
         patch(layers.Dropout, "mask", mask)
     elif name == "dropout_per_rank_seed":
@@ -203,4 +203,4 @@ def per_rank_mask(self, like):
     t = len(self.positions) if self.positions is not None else self.shape[0]
     d = self.cols[1] - self.cols[0] if self.cols is not None else self.shape[1]
     u = np.random.Generator(np.random.Philox(key=key)).random((len(self.draw.rows), t, d))
-    return from_numpy(u >= self.draw.p, like)
+    return like_kind(u >= self.draw.p, like)
