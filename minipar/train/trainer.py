@@ -31,6 +31,11 @@ A step, on every rank:
    shard, each expert on its owner), one all-reduce of that sum of squares over all ranks, and
    every gradient scaled by the same factor as one process's ``clip_grad_norm_``.
 
+With ``dropout``, every site's mask is a function of the element's global index
+(``minipar.nn.dropout``, a Philox stream per global row): before each pipeline action
+(``before``) the shared draw moves to the rows of the action's micro-batch, so each rank draws
+one process's masks for what it holds, and a recomputed forward draws its F's masks again.
+
 The gradient of the mean loss over the global batch is the mean over the dp x cp ranks of the
 mean over their micro-batches, because every micro-batch has the same number of tokens on every
 rank: that is why the batch must divide into dp x m equal parts and the sequence into 2cp equal
