@@ -123,32 +123,24 @@ MUTANTS = [
 ]
 
 
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
-def test_every_grid_drops_like_one_process():
-    configs = [dict(c, dropout=P) for c in GRIDS]
-    out = launch(4, "minipar.lessons.train:check_grids", quiet=True, job_timeout=110, configs=configs, steps=3)
-    rows = merge_rows(out.results)
-    assert sum("dropout" in r["what"] and "losses of 3 steps" in r["what"] for r in rows) == len(GRIDS)
-    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+ACCOUNTED = [dict(model=SHORT, dp=1, pp=2, tp=2, schedule="zb-h1", microbatches=2, sequence_parallel=True),
+             dict(model=SHORT, dp=1, pp=2, tp=2, schedule="zb-h1", microbatches=2, recompute="full")]
 
 
 @pytest.mark.mpi
-@pytest.mark.timeout(120)
-def test_each_planted_bug_of_dropout_breaks_the_equality():
-    cases = [(m, "grids", dict(cfg, dropout=P), 2) for m, cfg in MUTANTS]
-    out = launch(2, "minipar.lessons.train:check_mutants", quiet=True, job_timeout=110, cases=cases)
+@pytest.mark.timeout(180)
+def test_every_grid_drops_like_one_process_and_each_planted_bug_breaks_it():
+    """One job (4 ranks): the grids against one process, the activation bytes with the masks
+    against the formula, then each planted bug of dropout on its grid."""
+    cases = ([(None, "grids", dict(c, dropout=P), 3) for c in GRIDS]
+             + [(None, "accounting", dict(c, dropout=P)) for c in ACCOUNTED]
+             + [(m, "grids", dict(cfg, dropout=P), 2) for m, cfg in MUTANTS])
+    out = launch(4, "minipar.lessons.train:check_mutants", quiet=True, job_timeout=170, cases=cases)
     rows = merge_rows(out.results)
+    right = [r for r in rows if r["what"].startswith("None: ")]
+    assert sum("dropout" in r["what"] and "losses of 3 steps" in r["what"] for r in right) == len(GRIDS)
+    assert sum("activation bytes" in r["what"] for r in right) == len(ACCOUNTED)  # the masks counted, to the byte
+    assert all(r["ok"] for r in right), [r for r in right if not r["ok"]]
     for mutant, _ in MUTANTS:
         named = [r for r in rows if r["what"].startswith(mutant + ":") and "losses of" in r["what"]]
         assert named and not any(r["ok"] for r in named), (mutant, named)
-
-
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
-def test_the_masks_are_counted_in_the_activation_bytes_to_the_byte():
-    configs = [dict(model=SHORT, dp=1, pp=2, tp=2, schedule="zb-h1", microbatches=2, sequence_parallel=True, dropout=P),
-               dict(model=SHORT, dp=1, pp=2, tp=2, schedule="zb-h1", microbatches=2, recompute="full", dropout=P)]
-    out = launch(4, "minipar.lessons.train:check_accounting", quiet=True, job_timeout=110, configs=configs)
-    rows = [r for r in merge_rows(out.results) if "activation bytes" in r["what"]]
-    assert len(rows) == len(configs) and all(r["ok"] for r in rows), rows  # merged over the ranks: each the worst
