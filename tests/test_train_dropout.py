@@ -14,7 +14,7 @@ from minipar import launch, nn
 from minipar.context_parallel import SeqLayout
 from minipar.errors import UsageError
 from minipar.lessons.common import merge_rows
-from minipar.lessons.train import SHORT, make_config
+from minipar.lessons.train import MOE, SHORT, make_config
 from minipar.nn.dropout import Draw
 from minipar.train.config import check_shapes
 from minipar.train.mutants import planted
@@ -115,6 +115,7 @@ GRIDS = [
     dict(model=SHORT, dp=1, pp=1, cp=2, tp=2, sequence_parallel=True, recompute="full"),  # zigzag, SP, replayed
     dict(model=SHORT, dp=2, pp=2, tp=1, schedule="interleaved", chunks=2, microbatches=2, recompute="selective"),
     dict(model=SHORT, dp=1, pp=1, tp=1, schedule="gpipe", microbatches=2, recompute="full"),  # B0 after F1
+    dict(model=MOE, dp=2, pp=1, tp=2, microbatches=2),  # the reference's rows in (micro-batch, replica) order
 ]
 MUTANTS = [
     ("dropout_shared_in_tp", dict(model=SHORT, dp=1, pp=1, tp=2)),
