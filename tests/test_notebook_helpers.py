@@ -118,3 +118,18 @@ def test_stored_notebooks_show_summary_lines_and_static_figures():
         assert any("checks passed" in o.get("data", {}).get("text/html", "") for c in nb.cells
                    if c.cell_type == "code" for o in c.outputs), f"{path.name}: no summary line"
     assert knobs_seen == 3  # the planner (07), the pipeline schedule (03), ZeRO per stage (04)
+
+
+def test_every_ungraded_question_has_an_answer_to_reveal():
+    """A lab README's "Question (N.M, not graded)" is followed by a folded answer, before the next heading."""
+    import re
+
+    questions = 0
+    for readme in sorted((ROOT / "labs").glob("*/README.md")):
+        text = readme.read_text()
+        for q in re.finditer(r"\*\*Questions? \([0-9.]+, not graded\)", text):
+            questions += 1
+            after = text[q.end():].split("\n#", 1)[0]
+            answer = re.search(r"<details>\n<summary>[^<]+</summary>\n\n(.+?)\n</details>", after, re.S)
+            assert answer and len(answer[1].split()) > 40, f"{readme.parent.name}: a question without an answer"
+    assert questions == 8
