@@ -19,6 +19,8 @@ dense GPT trained in one process on the same batches (computed on every rank, it
                    process's exactly, and E/dp experts per layer on every rank
     clipping       (``clip``) every step's global gradient norm equal to one process's, 1e-12: each
                    parameter counted once; and the first step's norm above ``clip`` (it clipped)
+    dropout        (``dropout``) nothing more to compare: every rank draws one process's masks for
+                   what it holds (``minipar.nn.dropout``), so the checks above hold with it on
 """
 from __future__ import annotations
 
