@@ -25,7 +25,7 @@ masks, because it runs with the same (step, rows).
 
 Cost: a rank draws the whole (T, D) of each of its rows and keeps its slice, so a site drawn
 with cp x tp ranks sharing a row draws up to cp x tp times the uniforms it keeps (T D float64s
-of scratch per row); the kept mask (0/1 in the activations' dtype) lives in the ctx until the
+of scratch per row); the kept mask (bools, one byte an element) lives in the ctx until the
 backward, one more activation of the size of the site's output. Drawing each (row, position)
 from its own counter would cut the waste to the columns, at one Generator per position.
 
