@@ -27,7 +27,7 @@ from ..launcher import LaunchError
 from ..bench import gpu as gpu_bench, train as train_bench
 from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
-from ..train.precision import LOSS_SCALES, PRECISIONS
+from ..train.precision import COMPUTE, LOSS_SCALES, PRECISIONS
 from ..train.trainer import CP_ATTENTION, SCHEDULES, TrainConfig, check_shapes
 from ..records import write_json
 from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, positive_float, progress,
@@ -260,7 +260,7 @@ def resumed_precision(args, index) -> str:
 def saved_precision(index) -> str:
     """A checkpoint's precision (written before --precision: its dtype's)."""
     train = index.get("train", {})
-    return train.get("precision") or {"float64": "fp64", "float32": "fp32"}.get(train.get("dtype"), "fp64")
+    return train.get("precision") or {dtype: p for p, dtype in COMPUTE.items()}.get(train.get("dtype"), "fp64")
 
 
 def cmd_train(args) -> int:

@@ -60,20 +60,20 @@ from ..collectives import all_reduce
 from ..context_parallel import SeqLayout
 from ..data_parallel import DDP
 from ..grid import Grid, axis_color
+from ..mixed_precision import FlatAdam
 from ..nn import Module, cross_entropy
 from ..nn.dropout import Draw
 from ..optim import Adam, clip_grad_norm, clip_scale
 from ..pipeline.execute import run_schedule
 from ..pipeline.schedules import make_schedule
 from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
-from ..mixed_precision import FlatAdam
 from ..xp import copy, dtype_named, namespace, storage
 from ..zero import ZeRO1
 from .config import CP_ATTENTION, PRECISIONS, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
 from .experts import ExpertLog, expert_totals, split_experts
 from .model import GPT, GPTConfig, build_stage, moe_layers, place_dropout  # noqa: F401 (GPTConfig re-exported)
 from .precision import LossScaler, loss_in_master, nonfinite, policy
-from .saving import owning
+from .saving import named_modules, owning
 from .saving import save as save_checkpoint
 
 
@@ -426,7 +426,7 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     if cfg.dtype != "float64":
         model.to(np.zeros(1, dtype=dtype_named(cfg.dtype)))
     if pol.mixed:  # 16-bit weights, float32 gradients and master weights (each parameter its own FlatAdam)
-        for _, m in _modules(model):
+        for _, m in named_modules(model):
             m.grads = {k: np.zeros(g.shape, dtype=pol.master) for k, g in m.grads.items()}
         model.compute = dtype_named(cfg.dtype)
         opt = MasterAdam([p for _, p in model.named_parameters()], cfg.lr, cfg.dtype)
@@ -457,12 +457,6 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
         for _, moe in moes:
             moe.log.clear()
     return losses, {n: np.array(p) for n, p in model.named_parameters()}
-
-
-def _modules(module, prefix=""):
-    yield prefix, module
-    for name, child in module.children().items():
-        yield from _modules(child, f"{prefix}{name}.")
 
 
 class MasterAdam:
