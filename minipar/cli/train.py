@@ -8,6 +8,7 @@
     minipar train -n 8 --dp 2 --cp 2 --tp 2 --steps 5 --compare     # the sequence split over cp too
     minipar train -n 4 --dp 4 --experts 8 --top-k 2 --steps 5 --compare   # a mixture of experts over dp
     minipar train -n 4 --dp 2 --tp 2 --clip 1.0 --steps 5 --compare       # clipped by the global gradient norm
+    minipar train -n 4 --dp 2 --tp 2 --precision bf16 --steps 5 --compare  # 16-bit weights, float32 gradients and master
     minipar train -n 4 --cp 2 --tp 2 --dropout 0.1 --steps 5 --compare    # dropout: one process's masks on any grid
     minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"
     minipar bench train --steps 3 --json bench_train.json                 # minipar.bench.train
@@ -19,6 +20,7 @@ line naming the dimension, exit code 2.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -204,7 +206,7 @@ def run_rank(comm, cfg, save=None, save_every=0, resume=None, traced=False):
         print(f"step {step:5d}  loss {rec['loss']:.4f}  tokens/s {tokens / rec['time']:9.0f}  "
               f"step {rec['time'] * 1e3:8.1f} ms  peak/rank {peak / 2**20:7.2f} MiB" + expert_line(rec["experts"])
               + (f"  grad norm {rec['grad_norm']:.3g}" if rec["grad_norm"] is not None else "")
-              + (f"  loss scale {rec['loss_scale']:g}" + (" (overflow: step skipped)" if rec["skipped"] else "")
+              + (f"  loss scale 2^{math.log2(rec['loss_scale']):.0f}" + (" (overflow: step skipped)" if rec["skipped"] else "")
                  if rec["loss_scale"] is not None else ""), flush=True)
 
     tr, losses, times = train(comm, cfg, report, trainer=tr, start=start, save=save, save_every=save_every,
