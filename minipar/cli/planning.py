@@ -28,8 +28,8 @@ from ..bench.machine import cmd_machine
 from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
 from ..plan.config import Problem
-from ..plan.hardware import LINKS, PRESET_NAMES, preset
-from ..memory import DTYPE_BYTES, Precision
+from ..plan.hardware import LINKS, PRESET_NAMES, hardware_file, preset
+from ..memory import DTYPE_BYTES, PRECISIONS, Precision
 from ..plan.models import MLPS, MODELS, NORMS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
@@ -115,7 +115,9 @@ def problem_from_args(a) -> Problem:
         raise UsageError(f"--gpus must be a positive integer, got {a.gpus!r}")
     if a.global_batch is None or a.global_batch < 1:
         raise UsageError(f"--global-batch must be a positive integer, got {a.global_batch!r}")
-    hw = preset(a.hardware, a.dtype)
+    if a.hardware_file and a.hardware:
+        raise UsageError("give --hardware NAME or --hardware-file PATH, not both")
+    hw = hardware_file(a.hardware_file) if a.hardware_file else preset(a.hardware or "a100-80gb", a.dtype)
     if a.link and a.hardware != "this-machine":
         raise UsageError("--link emulates a link on this machine's ranks; for GPUs use --intra-link / --inter-link")
     if a.link_slowdown <= 0:
@@ -175,14 +177,18 @@ def add_plan_arguments(p):
     g.add_argument("--expert-ffn", type=int, help="an expert's MLP width (default --ffn)")
     g.add_argument("--causal-flops", action="store_true", help="count half the attention-score FLOPs (the causal mask)")
     g = p.add_argument_group("precision (default: 16-bit weights and gradients, fp32 Adam: 2 + 2 + 12 bytes per parameter)")
-    g.add_argument("--precision", choices=tuple(DTYPE_BYTES), help="weights' dtype, Megatron's convention (fp32 master "
-                   "copy of 16-bit weights): bf16 18 bytes per parameter with fp32 gradients")
+    g.add_argument("--precision", choices=PRECISIONS, help="weights' dtype, Megatron's convention (fp32 master "
+                   "copy of 16-bit weights): bf16 18 bytes per parameter with fp32 gradients; fp8: bf16's bytes, "
+                   "the matmuls at the hardware's fp8 rate")
     g.add_argument("--grad-dtype", choices=tuple(DTYPE_BYTES), help="gradients' dtype (default fp32; 16-bit: 20 bytes)")
     g.add_argument("--distributed-optimizer", action="store_true", help="Megatron's: the optimizer state sharded over dp (ZeRO-1)")
     g = p.add_argument_group("cluster and batch")
     g.add_argument("--gpus", type=MAX_GPUS, required=True, help="GPUs (ranks) in all")
     g.add_argument("--gpus-per-node", type=MAX_GPUS, help="default: the preset's (8), or --gpus on this-machine")
-    g.add_argument("--hardware", default="a100-80gb", choices=PRESET_NAMES, help="preset (default a100-80gb)")
+    g.add_argument("--hardware", choices=PRESET_NAMES, help="preset (default a100-80gb)")
+    g.add_argument("--hardware-file", metavar="PATH", help="your own cluster, JSON or TOML (.toml): peak_flops "
+                   "{dtype: FLOP/s}, memory_bytes, hbm_bandwidth, gpus_per_node, intra and inter {bandwidth, latency}; "
+                   "see docs/planner.md")
     g.add_argument("--global-batch", type=bounded(2**30, "sequences per step"), required=True, help="sequences per optimizer step")
     g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="this-machine: the ranks' dtype")
     g.add_argument("--intra-link", choices=list(LINKS), help="replace the intra-node link (pcie: 'without NVLink')")

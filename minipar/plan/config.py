@@ -40,6 +40,15 @@ class Problem:
     overlap_dp: bool = True  # the gradient all-reduce overlaps the last backward (False: after it)
     precision: Precision | None = None  # Megatron's bytes per parameter; None: the ZeRO paper's (below)
 
+    def __post_init__(self):
+        self.matmul_peak  # refuse a precision the hardware has no rate for (fp8 on an A100), now
+
+    @property
+    def matmul_peak(self) -> float:
+        """Dense FLOP/s of the matmuls: the hardware's rate in the precision's dtype (fp8 runs the
+        matmuls at the fp8 rate, nothing else changes), or its 16-bit peak."""
+        return self.hw.matmul_peak(self.precision.params if self.precision is not None else None)
+
     @property
     def ranks_on_node(self) -> int:
         return min(self.gpus, self.gpus_per_node)
