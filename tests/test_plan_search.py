@@ -132,7 +132,10 @@ def test_json_has_exactly_the_listed_keys(tmp_path, capsys):
     (["--model", "nope", "--gpus", "8", "--global-batch", "8"], "--model 'nope'"),
     (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--zero", "3", "--pp", "2"], "ZeRO-2/3"),
     (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--link", "pcie"], "--link emulates"),
-    (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "6", "--dp", "64"], "no valid configuration"),
+    (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "6", "--dp", "64"],
+     "--global-batch 6 is not a multiple of dp 64 = 64"),
+    (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--tp", "8", "--pp", "8", "--zero", "1"],
+     "no valid configuration"),
     (["--model", "gpt3-175b", "--gpus", "0", "--global-batch", "8"], "argument --gpus: expected a whole number >= 1"),
 ])
 def test_cli_errors_are_one_line(args, needle, capsys):

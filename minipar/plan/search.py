@@ -47,6 +47,28 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def consistency(gpus: int, batch: int, fixed: dict) -> str | None:
+    """The first way the numbers a user (or a paper) states disagree, in one line, or None:
+    tp x pp x dp x cp must equal the GPUs (divide them while some are searched), and the global
+    batch must split into dp x micro-batch size x micro-batches (dp known once given, or once
+    tp, pp and cp are)."""
+    names = [k for k in ("tp", "pp", "dp", "cp") if fixed.get(k)]
+    prod = int(np.prod([fixed[k] for k in names]))
+    said = " x ".join(f"--{k} {fixed[k]}" for k in names)
+    if gpus % prod:
+        return f"{said} = {prod} GPUs does not divide --gpus {gpus}"
+    if {"tp", "pp", "dp"} <= set(names) and prod != gpus:  # cp not given: 1
+        return f"{said} = {prod} GPUs, not --gpus {gpus}"
+    dp = fixed.get("dp") or (gpus // prod if {"tp", "pp", "cp"} <= set(names) else None)
+    mb, nmb = fixed.get("microbatch"), fixed.get("microbatches")
+    parts = ([f"dp {dp}" + ("" if fixed.get("dp") else f" (--gpus {gpus} / {said})")] if dp else []) + \
+            ([f"--microbatch {mb}"] if mb else []) + ([f"{nmb} micro-batches"] if nmb else [])
+    per = (dp or 1) * (mb or 1) * (nmb or 1)
+    if batch % per or (dp and mb and nmb and per != batch):
+        return f"--global-batch {batch} is not {'' if dp and mb and nmb else 'a multiple of '}{' x '.join(parts)} = {per}"
+    return None
+
+
 def _check_fixed(prob: Problem, fixed: dict):
     m, G = prob.model, prob.gpus
     tp, pp, dp, cp = (fixed.get(k) for k in ("tp", "pp", "dp", "cp"))
@@ -60,11 +82,9 @@ def _check_fixed(prob: Problem, fixed: dict):
         raise UsageError(f"--pp {pp} is more than the {m.layers} layers")
     if cp and cp > 1 and m.seq % (2 * cp):
         raise UsageError(f"--cp {cp}: the sequence {m.seq} must split into 2 x cp equal chunks")
-    given = [x for x in (tp, pp, dp, cp) if x]
-    if given and G % int(np.prod(given)):
-        raise UsageError(f"--tp x --pp x --dp x --cp = {int(np.prod(given))} does not divide --gpus {G}")
-    if all(x for x in (tp, pp, dp)) and tp * pp * dp * (cp or 1) != G:
-        raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp or 1} != --gpus {G}")
+    problem = consistency(G, prob.batch, fixed)
+    if problem:
+        raise UsageError(problem)
     if fixed.get("zero", 0) >= 2 and pp and pp > 1:
         raise UsageError(f"--zero {fixed['zero']} with --pp {pp}: ZeRO-2/3 do not combine with pipeline parallelism")
     if fixed.get("sequence_parallel") and tp == 1:

@@ -30,8 +30,8 @@ from dataclasses import replace
 from .config import Config, Configs, Problem
 from .hardware import preset
 from .memory import layer_activations
-from .models import layer_flops, model
-from .search import search
+from .models import executed_flops, layer_flops, model
+from .search import consistency, search
 from .timing import stage_times
 
 ROWS = [
@@ -63,6 +63,63 @@ ROWS = [
     ("BLOOM", "bloom-176b", 384, dict(tp=4, pp=12, dp=8, cp=1, microbatch=2, schedule="1f1b", zero=1, recompute="full",
                                       sequence_parallel=False), 2048, "tflops", 150),
 ]
+
+
+# What the sources state beside the number a row is checked on, as printed (the digits give the
+# rounding): the model's size in billions, N21 Table 1's aggregate PFLOP/s and share of the 312
+# TFLOP/s peak, BLOOM's seconds per iteration. ``row_problems`` checks that they add up.
+STATED = {
+    **{("N21-T1", name): dict(params=p, pflops=agg, peak_percent=pct) for name, p, agg, pct in [
+        ("megatron-1.7b", "1.7", "4.4", "44"), ("megatron-3.6b", "3.6", "8.8", "44"),
+        ("megatron-7.5b", "7.5", "18.2", "46"), ("megatron-18b", "18.4", "34.6", "43"),
+        ("megatron-39b", "39.1", "70.8", "44"), ("megatron-76b", "76.1", "143.8", "45"),
+        ("megatron-145b", "145.6", "227.1", "47"), ("megatron-310b", "310.1", "297.4", "50"),
+        ("megatron-530b", "529.6", "410.2", "52"), ("megatron-1t", "1008.0", "502.0", "52")]},
+    **{(src, name): dict(params=p) for src in ("N21-T2 PTD-P", "N21-T2 ZeRO-3")
+       for name, p in (("gpt3-175b", "175"), ("megatron-530b", "530"))},
+    ("BLOOM", "bloom-176b"): dict(params="176", seconds="105"),
+}
+PEAK = 312e12  # A100 dense BF16, the peak N21 Table 1's percentages are of
+
+
+def _half_unit(text: str) -> float:
+    """Half the last printed digit's unit: "4.4" -> 0.05, "44" -> 0.5."""
+    return 0.5 * 10.0 ** -(len(text.split(".")[1]) if "." in text else 0)
+
+
+def row_problems(row) -> list[str]:
+    """Every way a row's numbers disagree, one line each (empty: they add up): its layout with its
+    GPUs and batch (``search.consistency``, what ``minipar plan`` checks), the stated model size
+    against the shape's parameter count, and the redundant figures (aggregate = per GPU x GPUs,
+    share of peak, FLOPs per step / seconds) within the rounding of the digits printed."""
+    src, name, gpus, fixed, batch, metric, pub = row
+    out = []
+    bad = consistency(gpus, batch, fixed)
+    if bad:
+        out.append(f"{src} {name}: {bad}")
+    stated = STATED.get((src, name), {})
+    pub_s, tol = f"{pub:g}", _half_unit(f"{pub:g}")
+    m = model(name)
+    if "params" in stated and abs(m.params() / 1e9 - float(stated["params"])) > _half_unit(stated["params"]):
+        out.append(f"{src} {name}: the shape has {m.params() / 1e9:.4g}e9 parameters, the source states {stated['params']}e9")
+    if "pflops" in stated:
+        lo, hi = (pub - tol) * gpus / 1e3, (pub + tol) * gpus / 1e3
+        agg, h = float(stated["pflops"]), _half_unit(stated["pflops"])
+        if hi < agg - h or lo > agg + h:
+            out.append(f"{src} {name}: {pub_s} TFLOP/s x {gpus} GPUs = {pub * gpus / 1e3:.1f} PFLOP/s, "
+                       f"the source states {stated['pflops']}")
+    if "peak_percent" in stated:
+        pct, h = float(stated["peak_percent"]), _half_unit(stated["peak_percent"])
+        if abs(pub / PEAK * 1e14 - pct) > tol / PEAK * 1e14 + h:
+            out.append(f"{src} {name}: {pub_s} TFLOP/s is {pub / PEAK * 1e14:.1f}% of 312, the source states {pct:g}%")
+    if "seconds" in stated:
+        recompute = fixed.get("recompute", "none")
+        sec, h = float(stated["seconds"]), _half_unit(stated["seconds"])
+        tflops = executed_flops(m, batch, recompute) / gpus / 1e12
+        if not (tflops / (sec + h) <= pub + tol and tflops / (sec - h) >= pub - tol):
+            out.append(f"{src} {name}: {tflops * gpus:.4g} TFLOP per step / {gpus} GPUs / {stated['seconds']} s = "
+                       f"{tflops / sec:.1f} TFLOP/s, the source states {pub_s}")
+    return out
 
 
 def calibrate_matmul_fraction(hw_name: str = "a100-80gb") -> float:
