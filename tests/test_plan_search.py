@@ -13,7 +13,7 @@ from minipar.plan import Config, ModelSpec, Problem, model, predict, preset, sea
 from minipar.plan.search import enumerate_configs
 
 SMALL = ModelSpec(layers=8, hidden=512, heads=16, seq=256, vocab=1000, name="small")
-JSON_KEYS = {"tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel",
+JSON_KEYS = {"tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel", "ep",
              "fits", "memory_gb", "step_time_s", "tflops_per_gpu", "mfu"}
 
 

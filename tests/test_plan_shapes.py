@@ -184,7 +184,7 @@ def test_cli_plans_a_moe_with_overrides_and_says_its_limits(capsys):
                  "--global-batch", "32", "--tp", "8", "--pp", "2", "--precision", "bf16", "--distributed-optimizer", "--top", "1"])
     text = capsys.readouterr().out
     assert code == 0
-    assert "16 experts, top 4" in text and "no expert parallelism" in text
+    assert "16 experts, top 4" in text and "over ep of the dp ranks (ep searched)" in text
     assert "2 + 4 + 12 = 18 bytes per parameter" in text and "zero=1" in text
 
 

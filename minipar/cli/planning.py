@@ -8,7 +8,7 @@
                  --gpus 16 --gpus-per-node 8 --hardware h100-80gb --global-batch 512 --top 10
     minipar plan ... --tp 8 --pp 4 --dp 4 --microbatch 1 --schedule interleaved --chunks 2 --recompute selective
 
-Each of --tp --pp --dp --cp --zero --microbatch --schedule --chunks --recompute
+Each of --tp --pp --dp --cp --ep --zero --microbatch --schedule --chunks --recompute
 --sequence-parallel fixes that choice; the rest is searched. Conventions: GB = 1e9 bytes;
 tflops_per_gpu counts the FLOPs executed (recomputation included); mfu counts the model's
 FLOPs only, over the dense peak. See docs/planner.md.
@@ -39,7 +39,7 @@ from .common import bounded, lesson_run_parser, output_path, positive_float, pro
 # The planner enumerates every split of the GPUs (and of the batch) into dp x tp x pp x ...: past
 # this it runs for minutes. The largest training runs published use about 10^5 GPUs.
 MAX_GPUS = bounded(2**17, "GPUs: the planner enumerates every split of them")
-FIXABLE = ("tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
+FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
 
 
 def add_verbs(verbs):
@@ -198,6 +198,8 @@ def add_plan_arguments(p):
     g = p.add_argument_group("fix a choice (the rest is searched)")
     for k in ("tp", "pp", "dp", "cp", "microbatch", "chunks"):
         g.add_argument(f"--{k}", type=int)
+    g.add_argument("--ep", type=int, help="expert-parallel ranks (models with experts): the experts split over ep "
+                   "of the dp ranks")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     g.add_argument("--schedule", choices=("1f1b", "interleaved", "gpipe"))
     g.add_argument("--recompute", choices=("none", "selective", "full"))

@@ -80,18 +80,27 @@ class Problem:
 
 @dataclass(frozen=True)
 class Config(Layout):
-    """The planner's configuration: a layout, printed the way ``minipar plan`` lists it."""
+    """The planner's configuration: a layout, printed the way ``minipar plan`` lists it, and the
+    expert-parallel ranks ``ep`` (a mixture of experts' experts split over ep of the dp ranks, as
+    Megatron's expert_model_parallel_size; lesson 05's trainer splits them over all of dp, and a
+    layout without ``ep`` is predicted with ep = 1)."""
+
+    ep: int = 1
 
     def describe(self, batch: int) -> str:
         """One line, e.g. "tp=8 pp=16 dp=8 zero=1 mb=1 interleavedx2 recompute=selective sp" (mb:
         sequences per micro-batch when the global batch is ``batch``)."""
         s = f"tp={self.tp} pp={self.pp} dp={self.dp}"
         s += f" cp={self.cp}" if self.cp > 1 else ""
+        s += f" ep={self.ep}" if self.ep > 1 else ""
         s += f" zero={self.zero} mb={self.microbatch_size(batch)}"
         if self.pp > 1:
             s += f" {self.schedule}" + (f"x{self.chunks}" if self.schedule == "interleaved" else "")
         s += f" recompute={self.recompute}" + (" sp" if self.sequence_parallel else "")
         return s
+
+
+PLAN_FIELDS = (*FIELDS, "ep")  # a planner configuration's fields (the layout's, and ep)
 
 
 class Configs:
@@ -101,13 +110,13 @@ class Configs:
         n = {len(v) for v in cols.values()}
         assert len(n) == 1, "columns of different lengths"
         self.cols = {k: np.asarray(v) for k, v in cols.items()}
-        for k in FIELDS:
+        for k in PLAN_FIELDS:
             setattr(self, k, self.cols[k])
 
     @classmethod
     def of(cls, configs) -> "Configs":
         configs = list(configs)
-        return cls(**{k: [getattr(c, k) for c in configs] for k in FIELDS})
+        return cls(**{k: [getattr(c, k, 1) for c in configs] for k in PLAN_FIELDS})
 
     def __len__(self):
         return len(self.tp)
@@ -116,7 +125,7 @@ class Configs:
         return Configs(**{k: v[idx] for k, v in self.cols.items()})
 
     def config(self, i: int) -> Config:
-        return Config(**{k: self.cols[k][i].item() for k in FIELDS})
+        return Config(**{k: self.cols[k][i].item() for k in PLAN_FIELDS})
 
 
 def layers_per_rank(prob: Problem, pp):

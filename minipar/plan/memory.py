@@ -107,10 +107,12 @@ def inflight_columns(prob: Problem, cfg: Configs):
 
 
 def rank_params(prob: Problem, cfg: Configs):
-    """(first rank, last rank, one block) parameters held, after tp splits them."""
+    """(first rank, last rank, one block) parameters held, after tp splits them and ep the
+    routed experts (``expert_rank_params`` is their part of it)."""
     m = prob.model
     split, rep = m.layer_params()
-    block = split / cfg.tp + rep
+    e_split, e_rep = m.expert_params()
+    block = (split - e_split) / cfg.tp + rep - e_rep + (e_split / cfg.tp + e_rep) / cfg.ep
     emb, pos = m.embedding_params()
     blocks = layers_per_rank(prob, cfg.pp) * block
     norm, head = m.final_norm_params(), m.head_params()
@@ -120,6 +122,13 @@ def rank_params(prob: Problem, cfg: Configs):
     last = blocks + out_layer + norm
     first = np.where(cfg.pp == 1, first + norm + head / cfg.tp, first)
     return first, last, block
+
+
+def expert_rank_params(prob: Problem, cfg: Configs):
+    """The routed experts' parameters on every pipeline rank (its blocks' share after tp and ep):
+    their data-parallel group is the dp x cp / ep ranks that hold the same experts."""
+    e_split, e_rep = prob.model.expert_params()
+    return layers_per_rank(prob, cfg.pp) * (e_split / cfg.tp + e_rep) / cfg.ep
 
 
 def states(prob: Problem, psi, n, zero, block, extras=True):
@@ -166,8 +175,12 @@ def memory(prob: Problem, cfg: Configs) -> dict:
     psi_last = np.where(cfg.pp == 1, psi_first, psi_last)
     n = cfg.dp * cfg.cp
     out = {}
+    experts = expert_rank_params(prob, cfg)
     for name, psi, act in (("first", psi_first, act_first), ("last", psi_last, act_last)):
-        s = states(prob, psi, n, cfg.zero, block)
+        s = states(prob, psi - experts, n, cfg.zero, block)
+        if prob.model.experts:  # the experts' states, sharded by ZeRO over their own dp group
+            es = states(prob, experts, n // cfg.ep, cfg.zero, block, extras=False)
+            s = {k: s[k] + es[k] for k in s}
         tot = s["params_bytes"] + s["grads_bytes"] + s["optimizer_bytes"] + act
         out[name] = dict(params=s["params_bytes"], grads=s["grads_bytes"], optimizer=s["optimizer_bytes"],
                          activations=act, total=tot, host=s["host_bytes"], psi=psi, transient=working)

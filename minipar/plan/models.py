@@ -25,7 +25,8 @@ today's blocks change some of these, each a field:
 
 Tensor parallelism splits Q, K, V (whole heads: tp must divide heads and kv_heads; we refuse
 otherwise rather than replicate K and V as Megatron does when tp > kv_heads), the projection, the
-MLP matrices (every expert's, column/row parallel: no expert parallelism), the QKV and first-MLP
+MLP matrices (every expert's, column/row parallel; expert parallelism, ``Config.ep``, splits the routed experts
+further: ``expert_params``), the QKV and first-MLP
 biases, the vocabulary embedding and output layer; norms, the other biases and the router are
 replicated (``layer_params``).
 
@@ -164,6 +165,14 @@ class ModelSpec:
             e_split, e_rep = self._mlp_params(self.ef)
             m_split, m_rep = n * e_split, n * e_rep + self.hidden * self.experts
         return a_split + m_split, a_rep + m_rep + 2 * self._norm()
+
+    def expert_params(self) -> tuple[int, int]:
+        """(split by tensor parallelism, replicated) parameters of one block's routed experts: the
+        part expert parallelism divides (shared experts and the router stay on every ep rank)."""
+        if not self.experts:
+            return 0, 0
+        e_split, e_rep = self._mlp_params(self.ef)
+        return self.experts * e_split, self.experts * e_rep
 
     def embedding_params(self) -> tuple[int, int]:
         """(vocabulary embedding, split over TP; position embedding, replicated)."""

@@ -40,7 +40,29 @@ from .memory import layer_activations, memory
 from .models import executed_flops, layer_flops, model_flops
 from .pipeline import makespan_estimate, makespan_lower_bound
 
-PARTS = ("compute", "tp_comm", "pp_bubble", "dp_comm", "zero3_gathers", "cp_ring", "optimizer")
+PARTS = ("compute", "tp_comm", "pp_bubble", "dp_comm", "zero3_gathers", "cp_ring", "ep_alltoall", "optimizer")
+
+
+def expert_alltoall_bytes(tokens, hidden, top_k, ep, itemsize):
+    """Bytes one rank sends in one all-to-all of expert parallelism (a dispatch, or a combine):
+    each of its ``tokens`` goes to ``top_k`` experts, spread evenly over the ep ranks (the
+    load-balancing loss's aim, no token dropped), and the (ep-1)/ep of those rows that leave the
+    rank carry ``hidden`` values each. A layer sends four per micro-batch: dispatch and combine
+    forward, and their backwards (the combine's backward is a dispatch of the gradients). The
+    counts the ranks exchange first (a few integers) are not counted."""
+    return top_k * tokens * (ep - 1) / ep * hidden * itemsize
+
+
+def expert_alltoall_time(prob: Problem, cfg: Configs, n_bytes):
+    """One all-to-all over the ep ranks (stride tp x cp, inside a node first): the k of them on a
+    node exchange over the intra-node link, the rest over each GPU's own inter-node link, both at
+    once (pairwise messages, one per peer)."""
+    ep, f = cfg.ep, prob.hw.link_fraction
+    k = np.clip(prob.gpus_per_node // (cfg.tp * cfg.cp), 1, ep)
+    peers = np.maximum(ep - 1, 1)
+    intra = (k - 1) * prob.intra.alpha + n_bytes * (k - 1) / peers * prob.intra.beta(f)
+    inter = (ep - k) * prob.inter.alpha + n_bytes * (ep - k) / peers * prob.inter.beta(f)
+    return np.where(ep > 1, np.maximum(intra, inter), 0.0)
 
 
 def _ring(n_bytes, p, lk, frac, kind):
@@ -128,14 +150,19 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     z3_f = np.where(cfg.zero == 3, ag, 0)
     z3_b = np.where(cfg.zero == 3, ag * np.where(rec == "full", 2, 1) + rs, 0)
 
-    F = F_c + L * (tp_f + cp_f) + z3_f
-    B = B_c + L * (tp_b + cp_b) + z3_b + z2
+    # expert parallelism: dispatch + combine in the forward, their backwards, and the forward's
+    # again under full recomputation; nothing overlapped. A rank dispatches its 1/tp of the tokens.
+    a2a = 2 * expert_alltoall_time(prob, cfg, expert_alltoall_bytes(b * m.seq / (cp * tp), m.hidden, m.top_k, cfg.ep, e))
+    ep_f, ep_b = a2a, np.where(rec == "full", 2, 1) * a2a
+
+    F = F_c + L * (tp_f + cp_f + ep_f) + z3_f
+    B = B_c + L * (tp_b + cp_b + ep_b) + z3_b + z2
     spans_nodes = prob.gpus > prob.gpus_per_node
     p2p_lk = prob.inter if spans_nodes else prob.intra
     p2p = np.where(cfg.pp > 1, p2p_lk.alpha + block_bytes / tp * p2p_lk.beta(f), 0.0)
     return dict(F=F, B=B, head_f=head_f, head_b=head_b, p2p=p2p, nmb=nmb, mem=mem,
                 compute=nmb * (F_c + B_c + head_f + head_b), tp_comm=nmb * L * (tp_f + tp_b),
-                cp_ring=nmb * L * (cp_f + cp_b), zero3_gathers=nmb * (z3_f + z3_b), zero2=nmb * z2, psi=psi)
+                cp_ring=nmb * L * (cp_f + cp_b), ep_alltoall=nmb * L * (ep_f + ep_b), zero3_gathers=nmb * (z3_f + z3_b), zero2=nmb * z2, psi=psi)
 
 
 def tail_times(prob: Problem, cfg: Configs, st: dict) -> dict:
@@ -177,7 +204,7 @@ def finish(prob: Problem, cfg: Configs, ev: dict, makespan) -> dict:
     step = makespan + ev["dp_comm"] + ev["optimizer"]
     parts = {"compute": ev["compute"], "tp_comm": ev["tp_comm"], "pp_bubble": makespan - busy,
              "dp_comm": ev["dp_comm"], "zero3_gathers": ev["zero3_gathers"], "cp_ring": ev["cp_ring"],
-             "optimizer": ev["optimizer"]}
+             "ep_alltoall": ev["ep_alltoall"], "optimizer": ev["optimizer"]}
     m = prob.model
     exe = np.array([executed_flops(m, prob.batch, r) for r in np.atleast_1d(cfg.recompute)])
     tflops = exe / prob.gpus / step / 1e12
