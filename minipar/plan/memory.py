@@ -39,7 +39,9 @@ the head's input and the logits' gradient. The trainer counts the same table aga
 A rank keeps the activations of every micro-batch in flight. How many is the schedule's
 business: lesson 03's generators state it per rank (``Schedule.inflight_limit``), and we read it
 there, for the first rank (it holds the most, and the embedding) and the last (the LM head and
-its fp32 logits).
+its fp32 logits). The embedding's tensors (its dropout mask, the token ids) belong to the first
+stage only: with v chunks per rank, only that stage's micro-batches in flight keep them (pp = 8,
+v = 2: at most 16 of the 23), and the LM head's only the last stage's.
 """
 from __future__ import annotations
 
@@ -81,29 +83,41 @@ def stored_activations(prob: Problem, b, tp, cp, sp, recompute):
 
 @lru_cache(maxsize=None)
 def _limits(schedule: str, pp: int, nmb: int, chunks: int) -> tuple:
-    return make_schedule(schedule, pp, nmb, chunks).inflight_limit
+    """(limit per rank, (first rank's stage-0 micro-batches, last rank's last-stage ones): the
+    most of them held while the rank holds its limit)."""
+    s = make_schedule(schedule, pp, nmb, chunks)
+    ends = []
+    for rank, stage in ((0, 0), (pp - 1, pp * chunks - 1)):
+        held, most = set(), 0
+        for a in s.actions[rank]:
+            (held.add if a.kind == "F" else held.discard)((a.stage, a.microbatch))
+            if len(held) == s.inflight_limit[rank]:
+                most = max(most, sum(1 for st, _ in held if st == stage))
+        ends.append(most)
+    return s.inflight_limit, tuple(ends)
 
 
-def inflight(schedule: str, pp: int, nmb: int, chunks: int) -> tuple[int, int]:
-    """(first rank, last rank) activations in flight, as lesson 03's generator bounds them.
+def inflight(schedule: str, pp: int, nmb: int, chunks: int) -> tuple[int, int, int, int]:
+    """(first rank, last rank) activations in flight, as lesson 03's generator bounds them, and
+    how many of them are the first stage's (which alone keeps the embedding's tensors) and the last
+    stage's (the LM head's) at that peak: with v chunks per rank only some are.
 
     The 1F1B and interleaved bounds stop growing once there are more micro-batches than the
     warm-up takes; we ask the generator for min(nmb, 2 pp) micro-batches and for all of them only
     when the answer is capped by the number asked (GPipe: always)."""
     probe = min(nmb, 2 * pp)
-    limit = _limits(schedule, pp, probe, chunks)
+    limit, ends = _limits(schedule, pp, probe, chunks)
     if probe < nmb and max(limit) >= probe * chunks:
-        limit = _limits(schedule, pp, nmb, chunks)
-    return limit[0], limit[-1]
+        limit, ends = _limits(schedule, pp, nmb, chunks)
+    return limit[0], limit[-1], ends[0], ends[1]
 
 
 def inflight_columns(prob: Problem, cfg: Configs):
-    """In-flight counts per configuration, one generator call per distinct (schedule, pp, nmb, v)."""
+    """In-flight counts per configuration (``inflight``'s four columns), one generator call per
+    distinct (schedule, pp, nmb, v)."""
     keys = list(zip(cfg.schedule.tolist(), cfg.pp.tolist(), cfg.microbatches.tolist(), cfg.chunks.tolist()))
     table = {k: inflight(*k) for k in set(keys)}
-    first = np.array([table[k][0] for k in keys])
-    last = np.array([table[k][1] for k in keys])
-    return first, last
+    return tuple(np.array([table[k][j] for k in keys]) for j in range(4))
 
 
 def rank_params(prob: Problem, cfg: Configs):
@@ -161,13 +175,13 @@ def memory(prob: Problem, cfg: Configs) -> dict:
     stored = stored_activations(prob, b, tp, cp, sp, cfg.recompute)
     full, _ = layer_activations(prob, b, tp, cp, sp)
     working = np.where(cfg.recompute == "full", full, 0)  # one block rebuilt in the backward
-    fl, ll = inflight_columns(prob, cfg)
+    fl, ll, f_end, l_end = inflight_columns(prob, cfg)  # the ends' tensors: only their own stage's micro-batches
     ends = (minipar_ends(b, m.seq, m.hidden, m.vocab, tp, cp, sp, hw.dtype_bytes) if m.saves == "minipar" else
             megatron_ends(b, m.seq, m.hidden, m.vocab, tp, cp, sp, hw.dtype_bytes, m.dropout,
                           logit_bytes=4 if hw.mixed_precision else hw.dtype_bytes))  # fp32 cross-entropy
     first_extra, last_extra = (sum(end.values()) for end in ends)
-    act_first = fl * (per_chunk * stored + first_extra) + working
-    act_last = ll * (per_chunk * stored + last_extra) + working
+    act_first = fl * per_chunk * stored + f_end * first_extra + working
+    act_last = ll * per_chunk * stored + l_end * last_extra + working
     act_first = np.where(cfg.pp == 1, act_first + fl * last_extra, act_first)
     act_last = np.where(cfg.pp == 1, act_first, act_last)  # one pipeline rank: both ends are it
 
