@@ -27,7 +27,7 @@ from ..bench.links import bench_links
 from ..bench.machine import cmd_machine
 from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
-from ..plan.config import Problem
+from ..plan.config import ENGINES, Problem
 from ..plan.hardware import LINKS, PRESET_NAMES, hardware_file, preset
 from ..memory import DTYPE_BYTES, PRECISIONS, Precision
 from ..plan.models import MLPS, MODELS, NORMS, ModelSpec, model, with_overrides
@@ -129,7 +129,7 @@ def problem_from_args(a) -> Problem:
     if a.grad_dtype and not a.precision:
         raise UsageError("--grad-dtype needs --precision (without it: the ZeRO paper's 2 + 2 + 12 bytes per parameter)")
     precision = Precision(a.precision, a.grad_dtype or "fp32") if a.precision else None
-    return Problem(m, a.gpus, gpn, hw, a.global_batch, offload=a.offload, precision=precision)
+    return Problem(m, a.gpus, gpn, hw, a.global_batch, offload=a.offload, precision=precision, engine=a.engine)
 
 
 def fixed_from_args(a) -> dict:
@@ -182,6 +182,9 @@ def add_plan_arguments(p):
                    "the matmuls at the hardware's fp8 rate")
     g.add_argument("--grad-dtype", choices=tuple(DTYPE_BYTES), help="gradients' dtype (default fp32; 16-bit: 20 bytes)")
     g.add_argument("--distributed-optimizer", action="store_true", help="Megatron's: the optimizer state sharded over dp (ZeRO-1)")
+    g.add_argument("--engine", choices=ENGINES, default="fsdp", help="whose ZeRO-3: fsdp (default: two blocks live, "
+                   "NCCL rings over every NIC), deepspeed (module by module, stage3_max_live_parameters 1e9, each "
+                   "rank's own link), megatron (its distributed optimizer: ZeRO-1 at most)")
     g = p.add_argument_group("cluster and batch")
     g.add_argument("--gpus", type=MAX_GPUS, required=True, help="GPUs (ranks) in all")
     g.add_argument("--gpus-per-node", type=MAX_GPUS, help="default: the preset's (8), or --gpus on this-machine")

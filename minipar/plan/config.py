@@ -23,10 +23,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UsageError
 from ..layout import FIELDS, Layout
 from ..memory import Precision
 from .hardware import Hardware
 from .models import ModelSpec
+
+
+# The engines' ZeRO-3 conventions (docs/planner.md, "ZeRO-3 / FSDP at scale"):
+# - fsdp: PyTorch FSDP, one unit per transformer block (its flat parameter): the unit computing and
+#   the one prefetched are live, gathered by NCCL rings that use every NIC of a node (the two-level
+#   collective of ``timing.dp_collective``); the next unit's gather hides behind this one's compute;
+# - deepspeed: DeepSpeed ZeRO-3, parameters fetched module by module (each Linear), at most
+#   stage3_max_live_parameters of them live (its default 1e9), each rank's gather over its own
+#   inter-node link (flat: every gathered byte crosses it); a prefetch only as far as that bound;
+# - megatron: Megatron-LM's distributed optimizer, ZeRO-1 at most (no ZeRO-2/3).
+ENGINES = ("fsdp", "deepspeed", "megatron")
+DEEPSPEED_MAX_LIVE = 1e9  # stage3_max_live_parameters, DeepSpeed's default (its ZeRO config docs)
+DEEPSPEED_REDUCE_BUCKET = 5e8  # reduce_bucket_size, DeepSpeed's default: gradient elements reduced at once
 
 
 @dataclass(frozen=True)
@@ -39,9 +53,12 @@ class Problem:
     offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
     overlap_dp: bool = True  # the gradient all-reduce overlaps the last backward (False: after it)
     precision: Precision | None = None  # Megatron's bytes per parameter; None: the ZeRO paper's (below)
+    engine: str = "fsdp"  # whose ZeRO-3 conventions (ENGINES): what stays live, how the gathers travel
 
     def __post_init__(self):
         self.matmul_peak  # refuse a precision the hardware has no rate for (fp8 on an A100), now
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
 
     @property
     def matmul_peak(self) -> float:

@@ -52,7 +52,7 @@ import numpy as np
 from ..activations import SCORES, block_input, megatron_block, megatron_ends, minipar_block, minipar_ends
 from ..memory import zero_bytes
 from ..pipeline.schedules import make_schedule
-from .config import Configs, Problem, layers_per_rank, microbatch_size
+from .config import DEEPSPEED_MAX_LIVE, DEEPSPEED_REDUCE_BUCKET, Configs, Problem, layers_per_rank, microbatch_size
 
 GB = 1e9
 
@@ -145,19 +145,33 @@ def expert_rank_params(prob: Problem, cfg: Configs):
     return layers_per_rank(prob, cfg.pp) * (e_split / cfg.tp + e_rep) / cfg.ep
 
 
-def states(prob: Problem, psi, n, zero, block, extras=True):
+def live_params(prob: Problem, block, largest):
+    """(gathered, unit_grad): parameters ZeRO-3 holds whole beside its shards, and gradient
+    elements ZeRO-2/3 holds whole while reducing them, by engine (``config.ENGINES``). FSDP (and
+    minipar's engine): the block computing and the one prefetched, the block's gradients.
+    DeepSpeed: at most stage3_max_live_parameters, but at least the module computing (``largest``,
+    its largest Linear on this rank); gradients a reduce bucket at a time."""
+    if prob.engine == "deepspeed":
+        return (np.maximum(largest, np.minimum(DEEPSPEED_MAX_LIVE, 2 * block)),
+                np.maximum(largest, np.minimum(DEEPSPEED_REDUCE_BUCKET, block)))
+    return 2 * block, block
+
+
+def states(prob: Problem, psi, n, zero, block, extras=True, largest=0):
     """Model-state bytes per rank (zero_bytes' keys), one ZeRO stage at a time over the columns.
-    ``extras``: the layer ZeRO-3 gathers (plus the one it prefetches) and the full gradient of
-    the layer ZeRO-2/3 is reducing, as minipar's engine holds them at its peak."""
+    ``extras``: what ZeRO-3 holds gathered and ZeRO-2/3 holds of the gradients being reduced
+    (``live_params``: the block it computes plus the one it prefetches, and the block's
+    gradients, as minipar's engine and FSDP hold them at their peak)."""
     bp, bg, k = prob.bytes_per_param()
     out = {key: np.zeros(np.shape(psi)) for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes")}
+    gathered, unit_grad = (np.broadcast_to(a, np.shape(psi)) for a in live_params(prob, block, largest))
     for stage in (0, 1, 2, 3):
         sel = zero == stage
         if not np.any(sel):
             continue
         r = zero_bytes(psi[sel], n[sel], stage, bp, bg, k, prob.offload,
-                       gathered=(2 * block[sel] if extras and stage == 3 else 0),
-                       unit_grad=(block[sel] if extras and stage >= 2 else 0))
+                       gathered=(gathered[sel] if extras and stage == 3 else 0),
+                       unit_grad=(unit_grad[sel] if extras and stage >= 2 else 0))
         for key in out:
             out[key][sel] = r.get(key, 0)
     return out
@@ -191,7 +205,7 @@ def memory(prob: Problem, cfg: Configs) -> dict:
     out = {}
     experts = expert_rank_params(prob, cfg)
     for name, psi, act in (("first", psi_first, act_first), ("last", psi_last, act_last)):
-        s = states(prob, psi - experts, n, cfg.zero, block)
+        s = states(prob, psi - experts, n, cfg.zero, block, largest=prob.model.largest_linear() / cfg.tp)
         if prob.model.experts:  # the experts' states, sharded by ZeRO over their own dp group
             es = states(prob, experts, n // cfg.ep, cfg.zero, block, extras=False)
             s = {k: s[k] + es[k] for k in s}

@@ -166,6 +166,19 @@ class ModelSpec:
             m_split, m_rep = n * e_split, n * e_rep + self.hidden * self.experts
         return a_split + m_split, a_rep + m_rep + 2 * self._norm()
 
+    def linears(self) -> list[int]:
+        """The weights of a block's Linear modules in forward order (before tp splits them):
+        Megatron's fused QKV h x (q + 2 kv), the projection, the first MLP layer (SwiGLU: gate and
+        up fused) and the last; with experts, the first and last layer of each expert in turn.
+        DeepSpeed's ZeRO-3 gathers module by module."""
+        h, q, kv = self.hidden, self.heads * self.d, self.kv * self.d
+        f = self.ef if self.experts else self.f
+        mlp = [(2 if self.mlp == "swiglu" else 1) * h * f, h * f] * (self.experts + self.shared_experts or 1)
+        return [h * (q + 2 * kv), h * q, *mlp]
+
+    def largest_linear(self) -> int:
+        return max(self.linears())
+
     def expert_params(self) -> tuple[int, int]:
         """(split by tensor parallelism, replicated) parameters of one block's routed experts: the
         part expert parallelism divides (shared experts and the router stay on every ep rank)."""

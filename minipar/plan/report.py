@@ -50,6 +50,10 @@ def report(res) -> str:
               f"  step {ev['step'][w]:.4g} s = {parts}",
               f"  {ev['tflops_per_gpu'][w]:.1f} TFLOP/s per GPU (executed, recomputation included), "
               f"MFU {ev['mfu'][w]:.1%} (model FLOPs / dense peak {prob.hw.peak_flops / 1e12:.4g} TFLOP/s)"]
+    if res.cfgs.zero[w] == 3:
+        lines.append(f"  ZeRO-3 ({prob.engine}): each GPU sends {gb(ev['zero3_intra_bytes'][w])} inside its node and "
+                     f"{gb(ev['zero3_inter_bytes'][w])} across nodes per step (every block gathered "
+                     f"{3 if res.cfgs.recompute[w] == 'full' else 2} times per micro-batch, its gradients reduce-scattered once)")
     why = runners_up(res)
     if why:
         lines += ["", "why the others lose:"] + [f"  {s}" for s in why]

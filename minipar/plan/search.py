@@ -93,6 +93,9 @@ def _check_fixed(prob: Problem, fixed: dict):
     problem = consistency(G, prob.batch, fixed)
     if problem:
         raise UsageError(problem)
+    if fixed.get("zero", 0) >= 2 and prob.engine == "megatron":
+        raise UsageError(f"--zero {fixed['zero']} with --engine megatron: its distributed optimizer is ZeRO-1; "
+                         "ZeRO-2/3 are --engine deepspeed or fsdp")
     if fixed.get("zero", 0) >= 2 and pp and pp > 1:
         raise UsageError(f"--zero {fixed['zero']} with --pp {pp}: ZeRO-2/3 do not combine with pipeline parallelism")
     if fixed.get("sequence_parallel") and tp == 1:
@@ -144,7 +147,8 @@ def enumerate_configs(prob: Problem, fixed: dict | None = None, allow_cross_node
                             scheds = [("gpipe", 1)]
                     scheds = [s for s in scheds if s[0] == fixed.get("schedule", s[0])
                               and s[1] == fixed.get("chunks", s[1])]
-                    zeros = choices("zero", [0] + ([1] if d * c > 1 else []) + ([2, 3] if d * c > 1 and p == 1 else []))
+                    zeros = choices("zero", [0] + ([1] if d * c > 1 else []) +
+                                    ([2, 3] if d * c > 1 and p == 1 and prob.engine != "megatron" else []))
                     for z in zeros:
                         if z >= 2 and p > 1 or z > 0 and d * c == 1:
                             continue

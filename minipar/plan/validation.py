@@ -137,9 +137,14 @@ def calibrate_matmul_fraction(hw_name: str = "a100-80gb") -> float:
     return flops / (19.6e-3 - tp - memory_bound) / hw.peak_flops
 
 
+# The engine each source ran (its ZeRO-3 conventions, ``config.ENGINES``): Megatron-LM, DeepSpeed's
+# ZeRO-3 in N21 Table 2, Megatron-DeepSpeed for BLOOM.
+ENGINE = {"N21-T2 ZeRO-3": "deepspeed", "BLOOM": "deepspeed"}
+
+
 def reproduce(i: int, hw_name: str = "a100-80gb") -> dict:
     src, name, gpus, fixed, batch, metric, pub = ROWS[i]
-    prob = Problem(model(name), gpus, 8, preset(hw_name), batch)
+    prob = Problem(model(name), gpus, 8, preset(hw_name), batch, engine=ENGINE.get(src, "megatron"))
     t0 = time.perf_counter()
     res = search(prob, fixed, top=1)
     w = res.ranked[0]
@@ -154,15 +159,23 @@ def throughput_error(r) -> float:
     return r["predicted"] / r["published"] - 1 if r["metric"] == "tflops" else r["published"] / r["predicted"] - 1
 
 
-def markdown(rows) -> str:
+def _err(e: float) -> str:
+    return f"{e:+.1%}{'' if abs(e) <= 0.15 else ' **miss**'}"
+
+
+def markdown(rows, before=None) -> str:
+    """The table; ``before``: the same rows from an earlier run (``--json``), whose errors are
+    shown beside the new ones."""
+    old = "" if before is None else " error before |"
     out = ["| source | model | GPUs | batch | configuration (searched where the source is silent) | memory GB | "
-           "published | predicted | throughput error |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+           "published | predicted |" + old + " throughput error |", "|---|---|---|---|---|---|---|---|---|" + (
+           "---|" if old else "")]
+    for i, r in enumerate(rows):
         unit = "TFLOP/s" if r["metric"] == "tflops" else "s/iter"
-        err = throughput_error(r)
+        prev = "" if before is None else f" {_err(throughput_error(before[i]))} |"
         out.append(f"| {r['source']} | {r['model']} | {r['gpus']} | {r['batch']} | {r['config']} | "
                    f"{r['memory_gb']:.1f}{'' if r['fits'] else ' (over)'} | {r['published']:g} {unit} | "
-                   f"{r['predicted']:.3g} {unit} | {err:+.1%}{'' if abs(err) <= 0.15 else ' **miss**'} |")
+                   f"{r['predicted']:.3g} {unit} |{prev} {_err(throughput_error(r))} |")
     return "\n".join(out)
 
 
@@ -170,7 +183,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="reproduce published runs with the planner's presets")
     ap.add_argument("--only", type=int, nargs="+", help="row indices")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--before", help="rows of an earlier run (its --json): their errors beside the new ones")
     a = ap.parse_args(argv)
+    before = None
+    if a.before:
+        import json
+
+        with open(a.before) as f:
+            before = json.load(f)
     rows = []
     for i in a.only or range(len(ROWS)):
         r = reproduce(i)
@@ -178,7 +198,7 @@ def main(argv=None):
         print(f"[{i}] {r['source']} {r['model']} {r['gpus']}: predicted {r['predicted']:.4g} published "
               f"{r['published']:g} (throughput {throughput_error(r):+.1%}) in {r['seconds']:.1f} s", flush=True)
     print()
-    print(markdown(rows))
+    print(markdown(rows, None if before is None else [before[i] for i in (a.only or range(len(ROWS)))]))
     if a.json:
         import json
 
