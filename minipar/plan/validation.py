@@ -20,6 +20,9 @@ Sources (the numbers transcribed from the papers' tables):
   micro-batch 2, global batch 2048, ZeRO-1, 149-150 TFLOP/s per GPU, ~105 s per iteration.
   Its nodes had 4 x 100 Gb/s Omni-Path, not 8 x HDR: the preset's network is faster (the
   data-parallel traffic it carries is ~1% of the step either way).
+- Llama3-T4: Llama Team 2024, *The Llama 3 Herd of Models* (arXiv:2407.21783), Table 4: Llama 3
+  405B on 8192 and 16384 H100s, tp 8, pp 16, 8192-token sequences, 2048 per step, bf16 with fp32
+  gradients: 430 and 400 TFLOP/s per GPU.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import argparse
 import time
 from dataclasses import replace
 
+from ..memory import Precision
 from .config import Config, Configs, Problem
 from .hardware import preset
 from .memory import layer_activations
@@ -62,6 +66,9 @@ ROWS = [
       for label, rec, sp, pub in (("full recompute", "full", False, full), ("SP + selective", "selective", True, sel))],
     ("BLOOM", "bloom-176b", 384, dict(tp=4, pp=12, dp=8, cp=1, microbatch=2, schedule="1f1b", zero=1, recompute="full",
                                       sequence_parallel=False), 2048, "tflops", 150),
+    # H100: Llama 3 405B pre-training (Llama Team 2024, Table 4), 8192-token sequences, 16M tokens per step
+    *[("Llama3-T4", "llama3-405b", g, dict(tp=8, pp=16, dp=d, cp=1, zero=1), 2048, "tflops", pub)
+      for g, d, pub in [(8192, 64, 430), (16384, 128, 400)]],
 ]
 
 
@@ -137,6 +144,10 @@ def calibrate_matmul_fraction(hw_name: str = "a100-80gb") -> float:
     return flops / (19.6e-3 - tp - memory_bound) / hw.peak_flops
 
 
+# The hardware and precision of the H100-era rows (the others: a100-80gb, the ZeRO paper's bytes).
+HARDWARE = {"Llama3-T4": "h100-80gb"}
+PRECISION = {"Llama3-T4": Precision("bf16", "fp32")}  # bf16, fp32 gradient accumulation and reduce-scatter
+
 # The engine each source ran (its ZeRO-3 conventions, ``config.ENGINES``): Megatron-LM, DeepSpeed's
 # ZeRO-3 in N21 Table 2, Megatron-DeepSpeed for BLOOM.
 ENGINE = {"N21-T2 ZeRO-3": "deepspeed", "BLOOM": "deepspeed"}
@@ -144,7 +155,8 @@ ENGINE = {"N21-T2 ZeRO-3": "deepspeed", "BLOOM": "deepspeed"}
 
 def reproduce(i: int, hw_name: str = "a100-80gb") -> dict:
     src, name, gpus, fixed, batch, metric, pub = ROWS[i]
-    prob = Problem(model(name), gpus, 8, preset(hw_name), batch, engine=ENGINE.get(src, "megatron"))
+    prob = Problem(model(name), gpus, 8, preset(HARDWARE.get(src, hw_name)), batch, engine=ENGINE.get(src, "megatron"),
+                   precision=PRECISION.get(src))
     t0 = time.perf_counter()
     res = search(prob, fixed, top=1)
     w = res.ranked[0]
@@ -170,9 +182,11 @@ def markdown(rows, before=None) -> str:
     out = ["| source | model | GPUs | batch | configuration (searched where the source is silent) | memory GB | "
            "published | predicted |" + old + " throughput error |", "|---|---|---|---|---|---|---|---|---|" + (
            "---|" if old else "")]
-    for i, r in enumerate(rows):
+    old_rows = {(b["source"], b["model"], b["gpus"], b["batch"]): b for b in before or []}
+    for r in rows:
         unit = "TFLOP/s" if r["metric"] == "tflops" else "s/iter"
-        prev = "" if before is None else f" {_err(throughput_error(before[i]))} |"
+        was = old_rows.get((r["source"], r["model"], r["gpus"], r["batch"]))
+        prev = "" if before is None else f" {_err(throughput_error(was)) if was else '(new row)'} |"
         out.append(f"| {r['source']} | {r['model']} | {r['gpus']} | {r['batch']} | {r['config']} | "
                    f"{r['memory_gb']:.1f}{'' if r['fits'] else ' (over)'} | {r['published']:g} {unit} | "
                    f"{r['predicted']:.3g} {unit} |{prev} {_err(throughput_error(r))} |")
@@ -198,7 +212,7 @@ def main(argv=None):
         print(f"[{i}] {r['source']} {r['model']} {r['gpus']}: predicted {r['predicted']:.4g} published "
               f"{r['published']:g} (throughput {throughput_error(r):+.1%}) in {r['seconds']:.1f} s", flush=True)
     print()
-    print(markdown(rows, None if before is None else [before[i] for i in (a.only or range(len(ROWS)))]))
+    print(markdown(rows, before))
     if a.json:
         import json
 
