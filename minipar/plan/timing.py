@@ -110,9 +110,8 @@ def zero3_collective(prob: Problem, cfg: Configs, n_bytes, kind):
     if prob.engine != "deepspeed":
         return dp_collective(prob, cfg, n_bytes, kind)
     n = cfg.dp * cfg.cp
-    k, _ = _group_on_node(prob, cfg)
-    lk = prob.inter if prob.gpus > prob.gpus_per_node else prob.intra
-    return np.where(k < n, _ring(n_bytes, n, lk, prob.hw.link_fraction, kind),
+    k, _ = _group_on_node(prob, cfg)  # k < n: the group spans nodes
+    return np.where(k < n, _ring(n_bytes, n, prob.inter, prob.hw.link_fraction, kind),
                     _ring(n_bytes, n, prob.intra, prob.hw.link_fraction, kind))
 
 
