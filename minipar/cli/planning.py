@@ -21,6 +21,7 @@ FLOPs only, over the dense peak. See docs/planner.md.
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..bench import plan as bench_plan
 from ..bench.links import bench_links
@@ -84,6 +85,37 @@ def add_verbs(verbs):
         formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_plan.add_arguments(h)
     h.set_defaults(func=cmd_bench_plan)
+
+    v = verbs.bench.add_parser(
+        "published", help="the planner against published training runs: each row's prediction and error",
+        description="Reproduces each published run of docs/planner_validation.md with the presets as they are: "
+                    "about a minute for every row.",
+        **with_example("minipar bench published --only 0 1\n"
+                       "  minipar bench published --json new.json --before docs/planner_validation.json"))
+    v.add_argument("--only", type=int, nargs="+", help="row indices")
+    v.add_argument("--json", type=output_path, help="write the rows here")
+    v.add_argument("--before", help="rows of an earlier run (its --json): their errors beside the new ones")
+    v.set_defaults(func=cmd_bench_published)
+
+
+def cmd_bench_published(args) -> int:
+    from ..plan import validation
+
+    before = None
+    if args.before:
+        try:
+            with open(args.before) as f:
+                before = json.load(f)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--before {args.before}: not the rows of an earlier --json ({err})") from None
+    if args.only and not all(0 <= i < len(validation.ROWS) for i in args.only):
+        raise UsageError(f"--only {' '.join(map(str, args.only))}: the rows are 0 ... {len(validation.ROWS) - 1}")
+    rows = validation.reproduce_rows(args.only, say=lambda line: print(line, flush=True))
+    print()
+    print(validation.markdown(rows, before))
+    if args.json:
+        write_json(args.json, rows)
+    return 0
 
 
 def cmd_bench_plan(args) -> int:

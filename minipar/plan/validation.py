@@ -1,7 +1,7 @@
 """The planner against published training runs: every row, the prediction, the error.
 
-    python -m minipar.plan.validation            # the markdown tables of docs/planner_validation.md
-    python -m minipar.plan.validation --only 0 1 # some rows
+    minipar bench published                      # the markdown tables of docs/planner_validation.md
+    minipar bench published --only 0 1           # some rows
 
 Each row fixes what its source states (model, GPUs, tp, pp, dp, batch, recomputation, and the
 micro-batch or interleaving when stated) and lets the planner search the rest. Predictions use the
@@ -26,7 +26,6 @@ Sources (the numbers transcribed from the papers' tables):
 """
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import replace
 
@@ -193,32 +192,12 @@ def markdown(rows, before=None) -> str:
     return "\n".join(out)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="reproduce published runs with the planner's presets")
-    ap.add_argument("--only", type=int, nargs="+", help="row indices")
-    ap.add_argument("--json", help="write the rows here")
-    ap.add_argument("--before", help="rows of an earlier run (its --json): their errors beside the new ones")
-    a = ap.parse_args(argv)
-    before = None
-    if a.before:
-        import json
-
-        with open(a.before) as f:
-            before = json.load(f)
+def reproduce_rows(only=None, say=print) -> list[dict]:
+    """Every row (or the indices ``only``), each reproduced and reported in one line as it ends."""
     rows = []
-    for i in a.only or range(len(ROWS)):
+    for i in only or range(len(ROWS)):
         r = reproduce(i)
         rows.append(r)
-        print(f"[{i}] {r['source']} {r['model']} {r['gpus']}: predicted {r['predicted']:.4g} published "
-              f"{r['published']:g} (throughput {throughput_error(r):+.1%}) in {r['seconds']:.1f} s", flush=True)
-    print()
-    print(markdown(rows, before))
-    if a.json:
-        import json
-
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+        say(f"[{i}] {r['source']} {r['model']} {r['gpus']}: predicted {r['predicted']:.4g} published "
+            f"{r['published']:g} (throughput {throughput_error(r):+.1%}) in {r['seconds']:.1f} s")
+    return rows
