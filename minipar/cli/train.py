@@ -67,7 +67,13 @@ def add_grid_options(p):
     p.add_argument("--microbatches", type=batch_type, default=1, help="micro-batches per step and DP replica")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron-SP: LayerNorms and residuals on T/tp tokens")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    p.add_argument("--zero", type=int, default=0, help="0: DDP; 1: ZeRO-1 (Adam state sharded over dp)")
+    p.add_argument("--zero", type=int, default=0,
+                   help="0: DDP; 1: ZeRO-1 (Adam state sharded over dp x cp); 2: + the gradients, reduce-scattered "
+                        "once per step after the flush; 3: + the weights, gathered once per step (FSDP, each TP "
+                        "rank sharding its own TP shard)")
+    p.add_argument("--reshard", action="store_true",
+                   help="with --zero 3: gather a stage's weights before every pipeline action and free them after "
+                        "(2m gathers a step instead of one; docs/train.md says when that pays)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp64 (default) or fp32: everything in it; bf16 or fp16: 16-bit weights and activations, "
                         "float32 gradients, master weights and Adam state (docs/train.md). With --resume: the "
@@ -104,7 +110,7 @@ def config_from(args) -> TrainConfig:
                        recompute=args.recompute, zero=args.zero, steps=args.steps, batch=args.batch,
                        precision=args.precision or "fp64", lr=args.lr, data="sorting", cp=args.cp,
                        cp_attention=args.cp_attention, clip=args.clip, dropout=args.dropout,
-                       **loss_scale_options(args))
+                       reshard=args.reshard, **loss_scale_options(args))
 
 
 def loss_scale_options(args) -> dict:

@@ -213,6 +213,11 @@ class Engine:
         gradient norm): all of it on one rank (DDP), each rank its shard (ZeRO)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement this part of the interface")
 
+    def step_grads(self):
+        """The gradient arrays the update reads, after ``sync_grads``: what unscaling, an
+        overflow check or clipping must reach (the layers' own; ZeRO-2/3: the shards)."""
+        return [g for _, g in self.model.named_grads()]
+
     def optimizer_pieces(self):
         """[(module, name, lo, hi, m, v)]: for each parameter this rank's optimizer updates (all of
         it, or with ZeRO a slice), the range [lo, hi) of the flattened parameter and views of

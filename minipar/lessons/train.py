@@ -58,7 +58,7 @@ def label(cfg) -> str:
     extra = [cfg.schedule + f" m={cfg.microbatches}"] if cfg.pp > 1 or cfg.microbatches > 1 else []
     extra += ["SP"] if cfg.sequence_parallel else []
     extra += [f"recompute {cfg.recompute}"] if cfg.recompute != "none" else []
-    extra += ["ZeRO-1"] if cfg.zero else []
+    extra += [f"ZeRO-{cfg.zero}" + (" reshard" if cfg.reshard else "")] if cfg.zero else []
     extra += [cfg.dtype] if cfg.dtype != "float64" else []
     extra += ["Ulysses"] if cfg.cp > 1 and cfg.cp_attention == "ulysses" else []
     extra += [f"E={M.n_experts} top-{M.top_k} f={M.capacity_factor}"] if M.n_experts else []
@@ -109,10 +109,11 @@ def grid_rows(sub, cfg, tr, losses, ref_losses, ref_params, tol=TOL, param_tol=T
                         0.0 if tr.grad_norms[0] > cfg.clip else 1.0, 0.0))
     full = dict(ref_params, **{"head.wte": ref_params["embed.wte"]})
     err = 0.0
-    for st in tr.stages.values():
-        want = local_shards(st, full)
-        for n, p in st.named_parameters():
-            err = max(err, rel_error(p, want[n]))
+    with tr.gathered():  # ZeRO-3: the weights exist whole only while gathered
+        for st in tr.stages.values():
+            want = local_shards(st, full)
+            for n, p in st.named_parameters():
+                err = max(err, rel_error(p, want[n]))
     rows.append(row(f"{what}: parameters after the last step", err, param_tol))
     mine = tr.local_params()
     place = tr.grid.coords + (tr.grid.cp_rank,)  # (d, p, t, c)
@@ -195,8 +196,9 @@ def traced_step(sub, cfg, mutant=None):
         tr.step(0)
         sub.tracer.enabled = False
     units = [f.n_pad for e in tr.engines for f, _, _ in e.optimizer_parts()]
+    stages = [int(u.split(".")[0][1:]) for e in tr.engines for u in getattr(e, "flats", {})] or None  # "s3.h" -> 3
     got = dict(acc.measured_comm(sub.tracer.events, sub.world_rank(sub.rank)), activations=tr.peak_activations)
-    want = dict(acc.comm_bytes(cfg, tr.grid.coords, units), activations=acc.activation_peak(cfg, tr.grid.coords))
+    want = dict(acc.comm_bytes(cfg, tr.grid.coords, units, stages), activations=acc.activation_peak(cfg, tr.grid.coords))
     sub.tracer.clear()
     return got, want
 
@@ -349,4 +351,74 @@ def tour(comm):
         if comm.rank == 0:
             rows.append(row("planted bug (tied gradient not summed) caught by the tied-copies check",
                             0.0 if bad and not any(r["ok"] for r in bad) else 1.0, 0.0))
+    return rows
+
+
+def zero_stages(cfg) -> list:
+    """The ZeRO stages to compare on ``cfg``'s grid: 0, 1, 2, 3; with a pipeline also ZeRO-3
+    resharding around every action, as (zero, reshard) pairs."""
+    return [(z, False) for z in (0, 1, 2, 3)] + ([(3, True)] if cfg.pp > 1 else [])
+
+
+def check_zero(comm, configs, steps=2, mutant=None):
+    """ZeRO-0 ... 3 on each grid of ``configs`` (dicts as for :func:`check_grids`; ``mutant``
+    planted into the stages >= 2 only), every rank's rows:
+
+    losses      ZeRO-2 and 3 bitwise equal to ZeRO-1 (the same reduce-scatter per unit, then the
+                same elementwise Adam), and to ZeRO-0 (DDP: one bucket, another order) 1e-12
+    weights     the final weights bitwise ZeRO-1's (each replica's, ZeRO-3 gathered for reading)
+    memory      each engine's peak params / grads / optimizer bytes = ``zero_bytes`` of its stage
+                with the padding, the full gradients open until the flush and (ZeRO-3) the
+                weights gathered: every unit once per step, or one stage's units resharding
+    dp bytes    sent over dp x cp in one traced step = ``accounting.comm_bytes`` (RS + AG per
+                unit; resharding: an AG per action), and the all-gathers counted per step
+    """
+    from ..train import accounting as acc
+    from ..train.mutants import planted
+    from ..train.trainer import Trainer, train
+
+    keys = ("params_bytes", "grads_bytes", "optimizer_bytes")
+    rows = []
+    for i, kw in enumerate(configs):
+        base = make_config(**dict(kw, steps=steps))
+        sub = first_ranks(comm, ranks_of(base), f"zero{i}")
+        if sub is not None:
+            runs = {}
+            for zero, reshard in zero_stages(base):
+                cfg = base.with_(zero=zero, reshard=reshard)
+                with planted(mutant if zero >= 2 else None):
+                    tr, losses, _ = train(sub, cfg)
+                    params = tr.local_params()
+                    runs[zero, reshard] = losses, params
+                    what = label(cfg)
+                    if zero >= 2:
+                        ref_losses, ref_params = runs[1, False]
+                        same = losses == ref_losses and all(np.array_equal(a, ref_params[n]) for n, a in params.items())
+                        rows.append(row(f"{what}: losses and weights bitwise ZeRO-1's", 0.0 if same else 1.0, 0.0))
+                    if zero:
+                        rows.append(row(f"{what}: losses = ZeRO-0's", rel_error(np.array(losses),
+                                                                                np.array(runs[0, False][0])), TOL))
+                    for e in tr.engines:
+                        got, want = e.measured_memory(), e.predicted_memory()
+                        rows.append(row(f"{what}: {type(e).__name__} params, grads, optimizer bytes = zero_bytes",
+                                        max(abs(got[k] - want[k]) for k in keys), 0))
+                    fresh = Trainer(sub, cfg.with_(steps=1))
+                    sub.tracer.clear()
+                    sub.tracer.enabled = True
+                    fresh.step(0)
+                    sub.tracer.enabled = False
+                    me = sub.world_rank(sub.rank)
+                    gathers = sum(1 for ev in sub.tracer.events
+                                  if ev.rank == me and ev.kind == "collective" and ev.name == "all_gather:ring")
+                    units = [f.n_pad for e in fresh.engines for f, _, _ in e.optimizer_parts()]
+                    stages = [int(u.split(".")[0][1:]) for e in fresh.engines for u in getattr(e, "flats", {})] or None
+                    dp = acc.measured_comm(sub.tracer.events, me)["dp"]
+                    rows.append(dict(row(f"{what}: dp bytes per step = formula",
+                                         abs(dp - acc.comm_bytes(cfg, fresh.grid.coords, units, stages)["dp"]), 0),
+                                     dp_bytes=dp, gathers=gathers, memory=tr.memory()))  # (for docs/train.md's table)
+                    if zero == 3:
+                        want = sum(acc.zero3_gathers(cfg, fresh.grid.coords, k) for k in (stages or []))
+                        rows.append(row(f"{what}: all-gathers per step = formula", abs(gathers - want), 0))
+                    sub.tracer.clear()
+        wait_politely(comm)
     return rows

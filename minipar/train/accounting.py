@@ -121,7 +121,20 @@ def cp_layer_bytes(cfg) -> int:
     return per["forward"] * (2 if cfg.recompute == "full" else 1) + per["backward"]
 
 
-def comm_bytes(cfg, coords, unit_sizes=None) -> dict:
+WORKING_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes of a weight in each compute dtype
+
+
+def zero3_gathers(cfg, coords, stage) -> int:
+    """All-gathers of one unit of pipeline ``stage`` per step on the rank at ``coords``: one
+    (before the first micro-batch; ZeRO-1 and 2 after the update), or, resharding, one before
+    each action of the stage (F and B; F, I and W with zb-h1): 2m or 3m."""
+    if not (cfg.zero == 3 and cfg.reshard):
+        return 1
+    s = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
+    return sum(1 for a in s.actions[coords[1]] if a.stage == stage)
+
+
+def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None) -> dict:
     """Bytes the rank at ``coords`` sends in one step, by group.
 
     tp   per layer per micro-batch: 2 all-reduces of (b, T, C) forward and 2 backward (full
@@ -129,8 +142,10 @@ def comm_bytes(cfg, coords, unit_sizes=None) -> dict:
          each (the same bytes) + the LayerNorms' (2C,) gradient all-reduces. Embedding, head,
          cross-entropy on the first / last stage.
     pp   per micro-batch: each F sends (b, Ts, C) to the next stage, each B/I (b, Ts, C) back.
-    dp   once per step: a ring all-reduce (DDP) or reduce-scatter + all-gather (ZeRO-1) of each
-         DP engine's flat buffers (``unit_sizes``: their padded lengths) over the dp x cp ranks.
+    dp   once per step: a ring all-reduce (DDP) or reduce-scatter + all-gather (ZeRO-1, 2, 3) of
+         each DP engine's flat buffers (``unit_sizes``: their padded lengths) over the dp x cp
+         ranks; ZeRO-3 with ``reshard``: one reduce-scatter and an all-gather per action of the
+         unit's stage (``unit_stages``: the pipeline stage of each), ``zero3_gathers``.
     emb  once per step: the tied wte shard (V/t, C) all-reduced by the first and last stage.
     cp   per layer per micro-batch: the attention core's K/V traffic (``cp_layer_bytes``).
     """
@@ -154,7 +169,13 @@ def comm_bytes(cfg, coords, unit_sizes=None) -> dict:
     sends = sum(1 for k in mine if k < S - 1 and owner[k + 1] != p) + sum(1 for k in mine if k > 0 and owner[k - 1] != p)
     pp = m * sends * b * Ts * C * e
     d = cfg.dp * cfg.cp
-    dp = sum(ring("all_reduce", n, d, e) for n in (unit_sizes or []))
+    stages = unit_stages or [0] * len(unit_sizes or [])
+    eg, ew = (8, 8) if cfg.dtype == "float64" else (4, WORKING_BYTES[cfg.dtype])  # gradients (main_grad), weights
+    if cfg.zero:  # reduce-scatter the gradients, all-gather the weights
+        dp = sum(ring("reduce_scatter", n, d, eg) + zero3_gathers(cfg, coords, k) * ring("all_gather", n, d, ew)
+                 for n, k in zip(unit_sizes or [], stages))
+    else:
+        dp = sum(ring("all_reduce", n, d, eg) for n in (unit_sizes or []))
     emb = ring("all_reduce", V // t * C, 2, e) if cfg.pp > 1 and (0 in mine or S - 1 in mine) else 0
     return {"tp": tp, "pp": pp, "dp": dp, "emb": emb, "cp": m * layers * cp_layer_bytes(cfg)}
 

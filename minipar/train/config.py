@@ -42,6 +42,7 @@ class TrainConfig(Layout):
     loss_scale: str = "dynamic"  # fp16: "dynamic" (the only one it accepts) or "static"
     initial_scale: float = 2.0**16  # fp16: the loss scale of the first step (torch.amp.GradScaler's default)
     growth_interval: int = 2000  # fp16: clean steps in a row before the scale doubles
+    reshard: bool = False  # ZeRO-3: gather a stage's weights around every pipeline action, not once per step
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -73,9 +74,11 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
         raise UsageError(f"--schedule={cfg.schedule!r}: choose one of {', '.join(SCHEDULES)}")
     if cfg.recompute not in RECOMPUTE:
         raise UsageError(f"--recompute={cfg.recompute!r}: choose one of {', '.join(RECOMPUTE)}")
-    if cfg.zero not in (0, 1):
-        raise UsageError(f"--zero={cfg.zero!r}: choose 0 or 1 (ZeRO-2/3 split the gradients per "
-                         f"micro-batch, see docs/train.md)")
+    if isinstance(cfg.zero, bool) or cfg.zero not in (0, 1, 2, 3):
+        raise UsageError(f"--zero={cfg.zero!r}: choose 0 (DDP), 1, 2 or 3 (what ZeRO shards: optimizer state, "
+                         f"+ gradients, + weights)")
+    if cfg.reshard and cfg.zero != 3:
+        raise UsageError(f"--reshard with --zero={cfg.zero}: only ZeRO-3 gathers weights to reshard")
     if cfg.clip is not None and (isinstance(cfg.clip, bool) or not isinstance(cfg.clip, (int, float))
                                  or not 0 < cfg.clip < float("inf")):
         raise UsageError(f"--clip={cfg.clip!r}: the largest global gradient norm, a number > 0")

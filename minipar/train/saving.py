@@ -135,7 +135,8 @@ def save(trainer, directory, step: int, crash_before_commit=False):
     """Collective over the trainer's world: write the checkpoint of the state before ``step``."""
     comm = trainer.comm
     with owning(directory) if comm.rank == 0 else contextlib.nullcontext():
-        return _save(trainer, directory, step, crash_before_commit)
+        with trainer.gathered():  # ZeRO-3: dp rank 0 writes the weights whole, every rank its Adam ranges
+            return _save(trainer, directory, step, crash_before_commit)
 
 
 def _save(trainer, directory, step, crash_before_commit):
@@ -176,7 +177,7 @@ def _save(trainer, directory, step, crash_before_commit):
                 if first or is_expert(pre):
                     add("param", pre + pname, mod, pname, a, None)
     for e in trainer.engines:
-        mine = e.stage == 1 or e.model is trainer.experts  # ZeRO-1's ranges, or my experts
+        mine = e.stage >= 1 or e.model is trainer.experts  # ZeRO's ranges, or my experts
         for mod, pname, lo, hi, m, v in e.optimizer_pieces():
             if first or mine:
                 qual = where[id(mod)] + pname

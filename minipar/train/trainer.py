@@ -68,7 +68,7 @@ from ..pipeline.execute import run_schedule
 from ..pipeline.schedules import make_schedule
 from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
 from ..xp import copy, dtype_named, namespace, storage
-from ..zero import ZeRO1
+from ..zero import STAGES
 from .config import CP_ATTENTION, PRECISIONS, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
 from .experts import ExpertLog, expert_totals, split_experts
 from .model import GPT, GPTConfig, build_stage, moe_layers, place_dropout  # noqa: F401 (GPTConfig re-exported)
@@ -153,9 +153,13 @@ class Trainer:
             st.to(like)
             st.compute = like.dtype if pol.mixed else None  # 16 bits: round what the stage hands on
         units, tied, experts = engine_units(self.stages, split_tied=cfg.pp > 1)
-        engine = ZeRO1 if cfg.zero == 1 else DDP
+        engine = STAGES[cfg.zero] if cfg.zero else DDP
         # mixed: the 16-bit weights the stages hold, float32 master weights, Adam state and gradients
         kw = dict(lr=cfg.lr, mixed=cfg.dtype if pol.mixed else False, main_grad=True)
+        if cfg.zero >= 2:  # the executor runs the micro-batches: one reduce-scatter after the flush
+            kw["whole_step"] = True
+        if cfg.zero == 3:  # gathered once per step (torchtitan under PP), or around every action (reshard)
+            kw.update(reshard=cfg.reshard, prefetch=False)
         self.engines = [engine(g.dp_cp, units, **kw)] + ([engine(g.dp_cp, tied, **kw)] if tied else [])
         if experts is not None:  # held by this rank alone (and its TP partners, which compute the same)
             alone = comm.split(comm.rank, key=0, name=f"experts(r{comm.rank})")
@@ -174,7 +178,39 @@ class Trainer:
         last = self.stages.get(S - 1)
         # the last stage's own copy of the tied embedding (pp > 1): its gradient equals the first stage's
         self.tied_copy = last.head if last is not None and "wte" in last.head.params and not self.first else None
-        self._param_keys = {storage(a)[0] for st in self.stages.values() for _, a in st.named_parameters()}
+        self.zero3 = [e for e in self.engines if e.stage == 3]
+        for e in self.zero3:  # reshard: the most a stage's action holds gathered at once
+            e.live = max(sum(e.flats[u].n_pad for u in self.stage_units(e, s)) for s in self.stages)
+        self._ctxs = {}  # reshard: the executor's forward contexts (from after_action)
+        self._param_keys = set()
+        self.note_params()
+
+    def note_params(self):
+        """Remember the memory blocks of the weights bound now (not activations, though contexts
+        hold them): ZeRO-3 binds new gathered buffers every step."""
+        self._param_keys |= {storage(a)[0] for st in self.stages.values() for _, a in st.named_parameters()
+                             if a is not None}
+
+    @staticmethod
+    def stage_units(engine, s):
+        """The units of ``engine`` belonging to pipeline stage s (named "s{s}.<child>")."""
+        return [u for u in engine.units if u.startswith(f"s{s}.")]
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """ZeRO-3: every weight gathered for reading (a collective over each engine's group), freed
+        after; the memory ledger's peaks are a step's, so reading leaves them as they were."""
+        peaks = [dict(e.ledger.peak) for e in self.zero3]
+        for e in self.zero3:
+            for u in e.units:
+                e.gather(u)
+        try:
+            yield
+        finally:
+            for e, peak in zip(self.zero3, peaks):
+                for u in list(e.full_params):
+                    e.free(u)
+                e.ledger.peak = peak
 
     # ----------------------------------------------------------------- one step
     def loss(self, logits, labels):
@@ -207,9 +243,29 @@ class Trainer:
 
     def before(self, action):
         """Before every pipeline action: dropout draws the masks of the action's micro-batch (a
-        forward that full recomputation runs inside B or I draws the ones its F drew)."""
+        forward that full recomputation runs inside B or I draws the ones its F drew). ZeRO-3
+        with ``reshard``: the action's stage's weights gathered over dp x cp, and put back into
+        the micro-batch's forward context in place of their placeholders."""
         if self.draw is not None:
             self.draw.at(rows=self.rows(action.microbatch))
+        if self.cfg.reshard:
+            key = (action.stage, action.microbatch)
+            for e in self.zero3:
+                for u in self.stage_units(e, action.stage):
+                    e.gather(u)
+                    if key in self._ctxs:
+                        self._ctxs[key] = e.restore(u, self._ctxs[key])
+            self.note_params()
+
+    def reshard_after(self, action, held):
+        """ZeRO-3 with ``reshard``, after every action: the stage's gathered weights freed, and
+        replaced by placeholders in the micro-batch's context (else it would keep them alive)."""
+        self._ctxs, key = held["ctx"], (action.stage, action.microbatch)
+        for e in self.zero3:
+            for u in self.stage_units(e, action.stage):
+                if key in self._ctxs:
+                    self._ctxs[key] = e.hide(u, self._ctxs[key])
+                e.free(u)
 
     def activation_shape(self, stage, i):
         """What travels between stages: (b, T/cp, C), (b, T/cp/tp, C) sequence parallel."""
@@ -220,6 +276,8 @@ class Trainer:
     def sample(self, action, held):
         """After every pipeline action: the activations held, and what the MoE layers of its stage
         logged (``ExpertLog.record``)."""
+        if self.cfg.reshard:
+            self.reshard_after(action, held)
         self.peak_activations = max(self.peak_activations, held_bytes(held, self._param_keys))
         self.moe.record(action)
 
@@ -268,13 +326,13 @@ class Trainer:
 
     def scale_grads(self, scale: float):
         """Every gradient this rank steps with times ``scale`` (the same on every rank)."""
-        for st in self.stages.values():
-            for _, g in st.named_grads():
-                g *= scale
+        for g in self.grads():
+            g *= scale
 
     def grads(self):
-        """Every gradient this rank steps with (its engines' float32 main_grad in mixed precision)."""
-        return [g for st in self.stages.values() for _, g in st.named_grads()]
+        """Every gradient this rank steps with (its engines' float32 main_grad in mixed precision;
+        ZeRO-2/3: the shards, the only gradients left after the reduce-scatter)."""
+        return [g for e in self.engines for g in e.step_grads()]
 
     def found_inf(self) -> bool:
         """Whether any gradient of any rank is inf or nan: my flag, all-reduced (max) over the
@@ -305,7 +363,8 @@ class Trainer:
         experts, ``self.moe`` holds what the MoE layers this rank holds logged (``ExpertLog``)."""
         xs, ys = self.microbatches(step)
         for e in self.engines:
-            e.zero_grad()
+            e.zero_grad()  # ZeRO-2/3: every unit's full gradient opened (ZeRO-3: every weight gathered)
+        self.note_params()
         self.moe.reset()
         if self.draw is not None:
             self.draw.at(step=step)
@@ -317,7 +376,7 @@ class Trainer:
                            before_action=self.before)
         self.sync_tied()  # emb: the tied embedding's gradient summed over the first and last stage
         self.sync_experts()  # nothing sent: an expert's gradient already holds every replica's tokens
-        self.sync_dp()  # dp: the replicated gradients averaged over the dp x cp ranks
+        self.sync_dp()  # dp: the replicated gradients averaged (ZeRO-2/3: reduce-scattered) over the dp x cp ranks
         if self.scaler is not None and not self.unscale():  # all: an overflow anywhere, every rank skips
             self.skipped.append(step)  # (and has no norm for it)
             return out["loss"]
@@ -332,7 +391,8 @@ class Trainer:
         """{stage parameter name: NumPy copy} of what this rank holds (TP shards)."""
         from ..xp import to_numpy
 
-        return {n: np.array(to_numpy(a)) for st in self.stages.values() for n, a in st.named_parameters()}
+        with self.gathered():  # ZeRO-3: collective
+            return {n: np.array(to_numpy(a)) for st in self.stages.values() for n, a in st.named_parameters()}
 
     def memory(self) -> dict:
         """Bytes this rank holds: parameters, gradients, optimizer state (peak, from the engine's

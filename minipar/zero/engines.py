@@ -27,6 +27,18 @@ What an engine holds, per unit ``u`` (dicts keyed by the unit's name):
 
 The reduce-scatter adds in exactly the order of DDP's ring all-reduce on the same padded unit
 (``DDP(bucket_bytes=0)``), and Adam is elementwise, so every stage is *bitwise* DDP.
+
+Under a pipeline (lesson 05's trainer) the engine does not run the layers: the executor runs
+every micro-batch's forward and backward, and the engine only brackets the step
+(``whole_step=True``): ``zero_grad`` opens every unit's full gradient buffer (and, stage 3,
+gathers every unit's weights), the micro-batches accumulate into them, and ``sync_grads``, once
+after the flush, reduce-scatters each into the rank's shard and frees the full buffers (stage 3:
+the gathered weights too). That is torchtitan's choice under PP (no reshard after forward): the
+weights are gathered once per step, not once per micro-batch; the price is that, at the peak,
+the rank holds every full gradient (and stage 3 every full weight) of its stage, as ZeRO-1 does.
+``reshard=True`` (stage 3) leaves the gathering to the caller, one stage at a time around every
+pipeline action (``gather``, ``free``): the weights never whole for longer than an action, and
+gathered 2m times a step instead of once.
 """
 from __future__ import annotations
 
@@ -138,6 +150,10 @@ class ZeRO2(ZeRO1):
 
     stage = 2
 
+    def __init__(self, comm, model, whole_step=False, **kw):
+        self.whole_step = whole_step  # a pipeline's micro-batches accumulate; one reduce-scatter after the flush
+        super().__init__(comm, model, **kw)
+
     def setup_grads(self):
         self.full_grads, self.grad_shards = {}, {}
         for u, f in self.flats.items():
@@ -146,31 +162,49 @@ class ZeRO2(ZeRO1):
             f.unbind("grads")
 
     def zero_grad(self):
-        pass  # each unit's full gradient buffer is new and zero for every backward
+        """Each unit's full gradient buffer is new and zero for every backward; a whole step's
+        (``whole_step``) are opened here, all of them, for every micro-batch to add into."""
+        if self.whole_step:
+            for u in self.units:
+                self.open_grad(u)
+
+    def open_grad(self, u):
+        """A zero buffer for unit u's layers to accumulate into (bound to their ``grads``)."""
+        self.full_grads[u] = zeros((self.flats[u].n_pad,), like=self.like, dtype=self.grad_dtype)
+        self.flats[u].bind("grads", self.full_grads[u])
+        self.ledger.track("grads", self.full_grads[u], name="zero.unit grad", label=u)  # new every backward
+
+    def close_grad(self, u):
+        """Reduce-scatter unit u's full gradient into my shard (the average) and free it."""
+        self.ledger.sample()  # the peak: the full gradients open now + every shard
+        shard = C.reduce_scatter(self.comm, self.full_grads.pop(u))
+        shard /= self.comm.size
+        self.grad_shards[u][...] = shard
+        self.flats[u].unbind("grads")  # the full gradient is freed here
 
     def before_backward(self, name, ctx):
-        if name in self.flats:  # a zero buffer for the layer to accumulate into
-            self.full_grads[name] = zeros((self.flats[name].n_pad,), like=self.like, dtype=self.grad_dtype)
-            self.flats[name].bind("grads", self.full_grads[name])
-            self.ledger.track("grads", self.full_grads[name], name="zero.unit grad", label=name)  # new every backward
+        if name in self.flats and name not in self.full_grads:
+            self.open_grad(name)
         return ctx
 
     def after_backward(self, name):
-        if name in self.flats:
-            self.ledger.sample()  # the peak: this unit's full gradient + every shard
-            shard = C.reduce_scatter(self.comm, self.full_grads.pop(name))
-            shard /= self.comm.size
-            self.grad_shards[name][...] = shard
-            self.flats[name].unbind("grads")  # the full gradient is freed here
+        if name in self.flats and not self.whole_step:
+            self.close_grad(name)
 
     def sync_grads(self):
-        pass  # already done, unit by unit, during the backward
+        """Unit by unit during the backward; a whole step's here, once, after the flush."""
+        for u in list(self.full_grads):
+            self.close_grad(u)
 
     def grad_shard(self, u):
         return self.grad_shards[u]
 
+    def step_grads(self):
+        return list(self.grad_shards.values())  # the layers' gradients are unbound between backwards
+
     def extras(self):
-        return {"unit_grad": max(f.n_pad for f in self.flats.values())}
+        sizes = [f.n_pad for f in self.flats.values()]
+        return {"unit_grad": sum(sizes) if self.whole_step else max(sizes)}
 
 
 class _Weight:
@@ -205,8 +239,10 @@ class ZeRO3(ZeRO2):
 
     stage = 3
 
-    def __init__(self, comm, model, prefetch=True, **kw):
+    def __init__(self, comm, model, prefetch=True, reshard=False, **kw):
         self.prefetch, self.gathering = prefetch, {}  # unit -> (buffer, generator) in flight
+        self.reshard = reshard  # whole_step: the caller gathers and frees around each pipeline action
+        self.live = 0  # reshard: the most elements the caller holds gathered at once (its prediction)
         super().__init__(comm, model, **kw)
         self.placeholders = {u: [_Weight(u, i) for i in range(len(f.slots))] for u, f in self.flats.items()}
 
@@ -220,6 +256,20 @@ class ZeRO3(ZeRO2):
 
     def param_shard(self, u):
         return self.param_shards[u]
+
+    def zero_grad(self):
+        """A whole step without ``reshard``: every unit gathered once, before the first micro-batch."""
+        if self.whole_step and not self.reshard:
+            for u in self.units:
+                self.gather(u)
+        super().zero_grad()
+
+    def sync_grads(self):
+        """A whole step: the gradients reduce-scattered after the flush, then the weights freed."""
+        super().sync_grads()
+        if self.whole_step:
+            for u in list(self.full_params):
+                self.free(u)
 
     def after_update(self, u):
         pass  # the next forward gathers the new shards
@@ -266,12 +316,19 @@ class ZeRO3(ZeRO2):
             self.gather(name)
             self.start_gather(self.neighbour(name, +1))
 
+    def hide(self, u, ctx):
+        """ctx with unit u's gathered weights replaced by placeholders (u must be gathered)."""
+        return swap(ctx, {id(w): ph for w, ph in zip(self.flats[u].views("params"), self.placeholders[u])})
+
+    def restore(self, u, ctx):
+        """ctx with unit u's placeholders replaced by its weights, gathered again."""
+        return swap(ctx, {id(ph): w for w, ph in zip(self.flats[u].views("params"), self.placeholders[u])})
+
     def after_forward(self, name, ctx):
         if name not in self.flats:
             return ctx
         self.ledger.sample()  # the peak of the forward: this unit + the next one in flight
-        table = {id(w): ph for w, ph in zip(self.flats[name].views("params"), self.placeholders[name])}
-        ctx = swap(ctx, table)  # the context must not keep the full weights alive
+        ctx = self.hide(name, ctx)  # the context must not keep the full weights alive
         self.free(name)
         return ctx
 
@@ -280,8 +337,7 @@ class ZeRO3(ZeRO2):
             return ctx
         self.gather(name)
         self.start_gather(self.neighbour(name, -1))
-        table = {id(ph): w for w, ph in zip(self.flats[name].views("params"), self.placeholders[name])}
-        return super().before_backward(name, swap(ctx, table))
+        return super().before_backward(name, self.restore(name, ctx))
 
     def after_backward(self, name):
         super().after_backward(name)  # sample, reduce-scatter the gradient, free it
@@ -299,6 +355,8 @@ class ZeRO3(ZeRO2):
 
     def extras(self):
         sizes = [self.flats[u].n_pad for u in self.units]
+        if self.whole_step:  # every unit's gradient open; every unit gathered, or (reshard) what the caller gathers
+            return {"unit_grad": sum(sizes), "gathered": self.live if self.reshard else sum(sizes)}
         pairs = [a + b for a, b in zip(sizes, sizes[1:])] if self.prefetch and len(sizes) > 1 else sizes
         return {"unit_grad": max(sizes), "gathered": max(pairs)}
 
