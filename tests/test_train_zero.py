@@ -83,3 +83,21 @@ def test_zero_3_resumes_on_its_grid_and_on_another(tmp_path):
                  saved=saved, resumed=[dict(saved), dict(dp=1, pp=2, tp=2, schedule="1f1b", microbatches=2, zero=2)])
     rows = merge_rows(out.results)
     assert len(rows) == 4 and all(r["ok"] for r in rows), rows
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_activations_and_every_groups_bytes_still_match_the_formulas_with_zero_3():
+    """One traced step: the contexts hold placeholders, not the gathered weights, between actions
+    (``--reshard``: the activation count would otherwise hold them), and tp, pp, dp, emb bytes = formula."""
+    configs = [dict(model=SHORT, dp=2, pp=2, tp=1, schedule="zb-h1", microbatches=2, zero=3, reshard=True,
+                    recompute="full"),
+               dict(model=SHORT, dp=2, pp=1, tp=2, microbatches=2, zero=2, sequence_parallel=True, recompute="selective")]
+    out = launch(4, "minipar.lessons.train:check_mutants", quiet=True, job_timeout=110,
+                 cases=[(None, "accounting", kw) for kw in configs]
+                 + [("zero3_context_keeps_weights", "accounting", configs[0])])
+    rows = merge_rows(out.results)
+    good = [r for r in rows if not r["what"].startswith("zero3_")]
+    assert len(good) == 2 * 5 and all(r["ok"] for r in good), [r for r in good if not r["ok"]]
+    (kept,) = [r for r in rows if r["what"].startswith("zero3_") and "activation bytes" in r["what"]]
+    assert not kept["ok"], kept  # the weights the contexts keep counted among the activations

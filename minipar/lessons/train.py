@@ -21,6 +21,9 @@ dense GPT trained in one process on the same batches (computed on every rank, it
                    parameter counted once; and the first step's norm above ``clip`` (it clipped)
     dropout        (``dropout``) nothing more to compare: every rank draws one process's masks for
                    what it holds (``minipar.nn.dropout``), so the checks above hold with it on
+
+``check_zero`` runs ZeRO-0 ... 3 (and ZeRO-3 ``reshard`` with a pipeline) on each grid and
+compares them with each other, the memory ledger and the dp bytes with the formulas.
 """
 from __future__ import annotations
 

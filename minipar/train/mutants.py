@@ -64,6 +64,9 @@ ZeRO-2/3 (``zero``), whose gradients are reduce-scattered once per step, after t
                            and added into the shards (DeepSpeed's ZeRO-2 under gradient
                            accumulation): the same average up to rounding, m+1 reduce-scatters a
                            step ("dp bytes per step", "bitwise ZeRO-1's")
+    zero3_context_keeps_weights  ``--reshard`` frees a stage's gathered weights after an action
+                           but leaves them in the micro-batch's forward context: they stay alive
+                           until its backward ("activation bytes", the ledger = ``zero_bytes``)
 
 They patch the library inside the rank that runs them (tests and the lab's grader use them).
 """
@@ -80,7 +83,8 @@ MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_a
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
            "experts_everywhere", "recompute_counted", "clip_replicated_per_tp", "clip_tied_twice",
            "clip_every_replica", "clip_skipped_on_one_rank", "dropout_shared_in_tp", "dropout_per_rank_seed",
-           "dropout_replay_redraws", "overflow_seen_locally", "main_grad_16_bit", "zero_reduce_per_microbatch")
+           "dropout_replay_redraws", "overflow_seen_locally", "main_grad_16_bit", "zero_reduce_per_microbatch",
+           "zero3_context_keeps_weights")
 
 
 @contextlib.contextmanager
@@ -205,6 +209,14 @@ def planted(name):
         patch(ZeRO2, "zero_grad", zero_grads_and_shards)
         patch(ZeRO2, "close_grad", lambda self, u: (self.ledger.sample(), self.full_grads.pop(u),
                                                     self.flats[u].unbind("grads")))  # (zeros left: nothing to add)
+    elif name == "zero3_context_keeps_weights":
+        def reshard_after(self, action, held):
+            self._ctxs = held["ctx"]
+            for e in self.zero3:
+                for u in self.stage_units(e, action.stage):
+                    e.free(u)
+
+        patch(trainer.Trainer, "reshard_after", reshard_after)
     try:
         yield
     finally:

@@ -19,9 +19,12 @@ A step, on every rank:
    the ``cp`` group; with E experts the MLP is lesson 06's expert-parallel MoE over the dp
    group), and the last stage's loss is the vocab-parallel cross-entropy over the ``tp`` group;
 3. after the flush: the tied embedding's gradient summed over the ``emb`` group (first and last
-   stage, ``sync_tied``), then lesson 04's engine (DDP or ZeRO-1) averages every replicated
-   gradient over the ``dp_cp`` group (dp x cp ranks), once (``sync_dp``), and takes the Adam
-   step. Experts are not averaged: each is held by one rank of the dp group, whose dispatch
+   stage, ``sync_tied``), then lesson 04's engine (DDP, ZeRO-1, 2 or 3) averages every
+   replicated gradient over the ``dp_cp`` group (dp x cp ranks), once (``sync_dp``), and takes
+   the Adam step. ZeRO-2 and 3 bracket the whole step (``whole_step``): every unit's full
+   gradient is open from the first micro-batch to the flush and reduce-scattered once after it;
+   ZeRO-3's weights are gathered once before the first micro-batch, or with ``reshard`` a stage's
+   around every pipeline action (``before``, ``reshard_after``). Experts are not averaged: each is held by one rank of the dp group, whose dispatch
    already summed every replica's tokens into its gradient; it is divided by dp
    (``sync_experts``) and stepped alone. What the MoE layers report (aux loss, tokens per
    expert) is kept by ``train.experts.ExpertLog``;
@@ -182,14 +185,14 @@ class Trainer:
         for e in self.zero3:  # reshard: the most a stage's action holds gathered at once
             e.live = max(sum(e.flats[u].n_pad for u in self.stage_units(e, s)) for s in self.stages)
         self._ctxs = {}  # reshard: the executor's forward contexts (from after_action)
-        self._param_keys = set()
         self.note_params()
 
     def note_params(self):
-        """Remember the memory blocks of the weights bound now (not activations, though contexts
-        hold them): ZeRO-3 binds new gathered buffers every step."""
-        self._param_keys |= {storage(a)[0] for st in self.stages.values() for _, a in st.named_parameters()
-                             if a is not None}
+        """The memory blocks of the weights bound now, which the activations count leaves out
+        (contexts hold them). ZeRO-3 binds new gathered buffers every step (``reshard``: every
+        action), and a freed one's address may hold an activation later: only the current count."""
+        self._param_keys = {storage(a)[0] for st in self.stages.values() for _, a in st.named_parameters()
+                            if a is not None}
 
     @staticmethod
     def stage_units(engine, s):
