@@ -18,6 +18,10 @@ GRIDS = [
     dict(model=dict(SHORT, n_layers=2), batch=6, dp=3, pp=1, tp=1),  # units padded to a multiple of 3
     # two chunks per rank (resharding gathers one at a time), dp x cp, float32 reductions of bf16 weights
     dict(model=SHORT, dp=1, pp=2, cp=2, tp=1, schedule="interleaved", microbatches=2, precision="bf16"),
+    # fp16 whose first step overflows (skipped on every rank), the second steps: the shards unscaled, clipped
+    # by the norm of the shards, dropout
+    dict(model=SHORT, dp=2, pp=1, tp=2, microbatches=2, precision="fp16", initial_scale=2.0**18, clip=0.5,
+         dropout=0.1),
 ]
 
 

@@ -124,17 +124,20 @@ def cp_layer_bytes(cfg) -> int:
 WORKING_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes of a weight in each compute dtype
 
 
-def zero3_gathers(cfg, coords, stage) -> int:
-    """All-gathers of one unit of pipeline ``stage`` per step on the rank at ``coords``: one
-    (before the first micro-batch; ZeRO-1 and 2 after the update), or, resharding, one before
-    each action of the stage (F and B; F, I and W with zb-h1): 2m or 3m."""
-    if not (cfg.zero == 3 and cfg.reshard):
+def unit_gathers(cfg, coords, stage, stepped=True) -> int:
+    """All-gathers of one unit of pipeline ``stage`` per step on the rank at ``coords`` (ZeRO):
+    one (ZeRO-1 and 2 after the update, none in a step fp16 skipped; ZeRO-3 before the first
+    micro-batch), or, ZeRO-3 resharding, one before each action of the stage (F and B; F, I and W
+    with zb-h1): 2m or 3m."""
+    if cfg.zero in (1, 2):
+        return 1 if stepped else 0
+    if not cfg.reshard:
         return 1
     s = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
     return sum(1 for a in s.actions[coords[1]] if a.stage == stage)
 
 
-def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None) -> dict:
+def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None, stepped=True) -> dict:
     """Bytes the rank at ``coords`` sends in one step, by group.
 
     tp   per layer per micro-batch: 2 all-reduces of (b, T, C) forward and 2 backward (full
@@ -145,7 +148,8 @@ def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None) -> dict:
     dp   once per step: a ring all-reduce (DDP) or reduce-scatter + all-gather (ZeRO-1, 2, 3) of
          each DP engine's flat buffers (``unit_sizes``: their padded lengths) over the dp x cp
          ranks; ZeRO-3 with ``reshard``: one reduce-scatter and an all-gather per action of the
-         unit's stage (``unit_stages``: the pipeline stage of each), ``zero3_gathers``.
+         unit's stage (``unit_stages``: the pipeline stage of each), ``unit_gathers``; a step
+         that fp16 skipped (``stepped`` False) gathers no updated weights.
     emb  once per step: the tied wte shard (V/t, C) all-reduced by the first and last stage.
     cp   per layer per micro-batch: the attention core's K/V traffic (``cp_layer_bytes``).
     """
@@ -172,7 +176,7 @@ def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None) -> dict:
     stages = unit_stages or [0] * len(unit_sizes or [])
     eg, ew = (8, 8) if cfg.dtype == "float64" else (4, WORKING_BYTES[cfg.dtype])  # gradients (main_grad), weights
     if cfg.zero:  # reduce-scatter the gradients, all-gather the weights
-        dp = sum(ring("reduce_scatter", n, d, eg) + zero3_gathers(cfg, coords, k) * ring("all_gather", n, d, ew)
+        dp = sum(ring("reduce_scatter", n, d, eg) + unit_gathers(cfg, coords, k, stepped) * ring("all_gather", n, d, ew)
                  for n, k in zip(unit_sizes or [], stages))
     else:
         dp = sum(ring("all_reduce", n, d, eg) for n in (unit_sizes or []))
