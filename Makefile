@@ -2,6 +2,8 @@
 #   make tour    the tour of the lessons on real ranks
 #   make test    the whole test suite: about 25 minutes on 2 cores (24 measured, quiet); it names
 #                each test file as it starts (a progress bar per long command: MINIPAR_PROGRESS=1)
+#                (as root it also installs Debian's chromium for tests/test_site.py)
+#   make site    the course site into site/ (docs/site.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

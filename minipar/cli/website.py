@@ -113,18 +113,18 @@ def on_config(config):
 _TMP = []
 
 
-def _source_dir(path: str) -> str:
+def _source_dir(path: str, root: pathlib.Path = ROOT) -> str:
     """Where the site reads ``path`` from: the repository, or for a notebook that stored its
     widgets' state, a copy without it. That state would make the page fetch the widget manager
     from a CDN (the site works offline); a widget's static fallback is what a page can show."""
     if not path.endswith(".ipynb"):
-        return str(ROOT)
+        return str(root)
     import json
     import tempfile
 
-    nb = json.loads((ROOT / path).read_text())
+    nb = json.loads((root / path).read_text())
     if "widgets" not in nb.get("metadata", {}):
-        return str(ROOT)
+        return str(root)
     del nb["metadata"]["widgets"]
     if not _TMP:
         _TMP.append(tempfile.TemporaryDirectory(prefix="minipar-site-"))
