@@ -30,7 +30,7 @@ tour: $(STAMP)
 	$(BIN)/minipar tour
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # the browser tests/test_site.py drives: Debian's chromium and its driver, installed once where
 # this runs as root with apt-get (CI, the course machines); elsewhere that test is skipped and says why
