@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pathlib
 
-from minipar.course import LESSONS  # absolute: MkDocs loads this file as a hook, outside the package
+from minipar.course import LESSONS, lesson  # absolute: MkDocs loads this file as a hook, outside the package
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -48,14 +48,10 @@ def reference_page(module: str) -> str:
 
 def reference_index() -> str:
     rows = [f"| [`{m}`]({m}.md) | {what} |" for m, what in CORE]
-    rows += [f"| [`{pkg}`]({pkg}.md) | lesson {key}: {_lesson(key).title} |" for pkg, key in lesson_packages()]
+    rows += [f"| [`{pkg}`]({pkg}.md) | lesson {key}: {lesson(key).title} |" for pkg, key in lesson_packages()]
     return ("# Reference\n\nRendered from the docstrings of the code when the site is built "
             "(mkdocstrings), so it says what the code says. The communicator's calls in a table: "
             "[the communicator](../docs/communicator.md).\n\n| module | what |\n|---|---|\n" + "\n".join(rows) + "\n")
-
-
-def _lesson(key):
-    return next(ls for ls in LESSONS if ls.key == key)
 
 
 def lesson_page(ls) -> str:
