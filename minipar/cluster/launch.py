@@ -141,3 +141,20 @@ def _end(proc, grace=5.0):
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait)
+
+
+def launch_on(state: dict, target, /, *, per_node: int | None = None, on: list[int] | None = None,
+              env: dict | None = None, **kwargs):
+    """:func:`minipar.launch` on the cluster: ``target(comm, **kwargs)`` on ``per_node`` ranks
+    (default: the cluster's ranks per node) of each node of ``on`` (default: every node), started
+    by :func:`mpiexec_command` (MPI backend), with ``env`` (default ``MPI_ENV``). Returns the LaunchResult."""
+    from ..launcher import launch
+
+    r = per_node or state["ranks_per_node"]
+    hosts = list(range(len(state["nodes"]))) if on is None else list(on)
+    kwargs.setdefault("quiet", True)
+    try:
+        return launch(r * len(hosts), target, via=lambda n, ranks: mpiexec_command(state, ranks, r, hosts),
+                      env=MPI_ENV if env is None else env, **kwargs)
+    finally:
+        N.end_processes(state)
