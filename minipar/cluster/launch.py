@@ -63,14 +63,16 @@ def torchrun_commands(state: dict, argv: list[str], ranks_per_node: int | None =
     return [N.in_node(state, i, [*run, *argv]) for i in range(n)]
 
 
+def engine_env(state: dict, engine: str) -> dict:
+    """What a job on the cluster adds to the ranks' usual environment: the engine's interface."""
+    return dict(MPI_ENV) if engine == "mpi" else {"GLOO_SOCKET_IFNAME": state["ifname"]}
+
+
 def job_env(state: dict, engine: str) -> dict:
-    """The environment of a job on the cluster: the ranks' usual one (launcher.rank_env), plus
-    the engine's interface choice."""
+    """The environment of a job on the cluster: the ranks' usual one (launcher.rank_env) and :func:`engine_env`."""
     from ..launcher import rank_env
 
-    env = rank_env()
-    env.update(MPI_ENV if engine == "mpi" else {"GLOO_SOCKET_IFNAME": state["ifname"]})
-    return env
+    return {**rank_env(), **engine_env(state, engine)}
 
 
 def run(state: dict, engine: str, argv: list[str], limit: float = 600, echo: bool = True,

@@ -77,11 +77,12 @@ def read_counters(ifname: str = "eth0") -> dict:
 
 
 def measure(comm, n: int = 1 << 18, algorithms=("ring",), ranks_per_node: int = 1, reps: int = 1,
-            ifname: str = "eth0", dtype: str = "float32", seed: int = 0):
+            ifname: str = "eth0", dtype: str = "float32", seed: int = 0, fit: bool = False):
     """On every rank of a cluster job: for each algorithm, ``reps`` all-reduces of ``n`` elements,
     each timed and each wrapped in counter reads. Returns this rank's host, its node's
     shared-memory group size as MPI sees it, and per algorithm the seconds of each rep and the
-    counter deltas of each rep (what this rank's node's uplink carried)."""
+    counter deltas of each rep (what this rank's node's uplink carried). ``fit``: also the
+    (alpha, beta) of a ping-pong inside node 0 (ranks 0, 1) and across (ranks 0, R)."""
     rng = np.random.default_rng([seed, comm.rank])
     x = comm.asarray(rng.standard_normal(n).astype(dtype))
     groups = C.node_groups(comm, ranks_per_node) if "hierarchical" in algorithms else None
@@ -105,7 +106,20 @@ def measure(comm, n: int = 1 << 18, algorithms=("ring",), ranks_per_node: int = 
             deltas.append({k: after[k] - before[k] for k in STATS})
             err = max(err, float(abs(xp.to_numpy(got) - xp.to_numpy(want)).max() / abs(xp.to_numpy(want)).max()))
         out["algorithms"][alg] = {"seconds": times, "deltas": deltas, "rel_error": err}
+    if fit:
+        out["intra"] = _fit_pair(comm, 1) if ranks_per_node > 1 else None
+        out["inter"] = _fit_pair(comm, ranks_per_node) if comm.size > ranks_per_node else None
     return out
+
+
+def _fit_pair(comm, other: int, sizes=(8, 1 << 16, 1 << 20), reps=3):
+    """(alpha, beta) of a ping-pong between rank 0 and rank ``other`` (the others wait)."""
+    from ..costmodel import fit_alpha_beta, pingpong
+
+    pair = comm.split(0 if comm.rank in (0, other) else None, key=comm.rank, name="pingpong")
+    got = fit_alpha_beta(*zip(*pingpong(pair, sizes, reps))) if pair is not None else None
+    comm.barrier()
+    return got
 
 
 def _shared_group_size():

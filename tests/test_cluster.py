@@ -1,0 +1,179 @@
+"""The emulated cluster: nodes as network namespaces (root), jobs started across them with
+mpiexec's host list and torchrun, and the uplink counters against the collectives' formulas.
+
+Every test makes its own cluster (a unique id in every name) and removes it in a finalizer;
+without the right to make namespaces they are skipped with the reason ``refusal()`` gives.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minipar.cluster import launch as L
+from minipar.cluster import nodes as N
+from minipar.cluster import traffic as T
+from minipar.errors import UsageError
+
+from .conftest import has_torch
+
+WHY = N.refusal()
+needs_namespaces = pytest.mark.skipif(WHY is not None, reason=str(WHY))
+
+
+def leftovers(state):
+    """Whatever of the cluster still exists: namespaces, hosts folders, files, processes."""
+    left = N.existing(state)
+    left += [f"/etc/netns/{n['ns']}" for n in state["nodes"] if os.path.exists(f"/etc/netns/{n['ns']}")]
+    left += [f for f in (state["script"], N.path(state)) if os.path.exists(f)]
+    return left
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    state = N.up(2, 2, "1gbit")
+    yield state
+    N.down(state)
+    assert not leftovers(state)
+
+
+def test_rates_and_the_refusal_without_root(monkeypatch):
+    assert N.parse_rate("100mbit") == 10**8 and N.parse_rate("1gbit") == 10**9 and N.parse_rate("2.5gbit") == 25 * 10**8
+    for bad in ("fast", "1tbit", "100", "10kbit", "-1gbit"):
+        with pytest.raises(UsageError, match="1mbit ... 100gbit"):
+            N.parse_rate(bad)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(N, "_sh", lambda *a, **k: pytest.fail(f"ran {a} after deciding it could not"))
+    assert "need root" in N.refusal() and "--link" in N.refusal()
+    with pytest.raises(UsageError, match=r"cannot build a cluster here: .* `minipar --link ethernet"):
+        N.up(2, 1, "1gbit")
+
+
+@needs_namespaces
+@pytest.mark.timeout(60)
+def test_an_interrupted_up_and_a_crashed_job_leave_nothing(monkeypatch):
+    made = []
+    monkeypatch.setattr(N, "new_state", lambda *a, new=N.new_state: made.append(new(*a)) or made[-1])
+    shape = N._shape
+    calls = []
+
+    def interrupted(ns, dev, bits):
+        calls.append(ns)
+        if len(calls) == 3:  # node 1's uplink: node 0 is built, node 1 half
+            raise KeyboardInterrupt
+        shape(ns, dev, bits)
+
+    monkeypatch.setattr(N, "_shape", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        N.up(2, 1, "1gbit")
+    assert len(calls) == 3 and not leftovers(made[0])
+    monkeypatch.setattr(N, "_shape", shape)
+
+    state = N.up(1, 1, "1gbit")  # a process left running in a node (a crashed launcher's rank) ...
+    try:
+        orphan = subprocess.Popen(N.in_node(state, 0, ["sleep", "300"]), start_new_session=True)
+        assert N.existing(state) == N.namespaces(state)
+    finally:
+        removed = N.down(state)
+    assert orphan.wait(timeout=10) != 0 and "1 processes" in removed  # ... is ended by down
+    assert not leftovers(state)
+
+
+@needs_namespaces
+@pytest.mark.timeout(60)
+def test_nodes_are_hosts_with_shaped_uplinks(cluster):
+    for i, node in enumerate(cluster["nodes"]):
+        probe = "import socket; print(socket.gethostname(), socket.gethostbyname('node0'), socket.gethostbyname('node1'))"
+        out = subprocess.run(N.in_node(cluster, i, [sys.executable, "-c", probe]), capture_output=True, text=True, check=True)
+        assert out.stdout.split() == [node["host"], cluster["nodes"][0]["ip"], cluster["nodes"][1]["ip"]]
+    assert all("tbf" in q and "rate 1Gbit" in q for q in N.qdiscs(cluster).values())
+    assert subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip() not in ("node0", "node1")
+
+
+@needs_namespaces
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_mpi_ranks_live_on_separate_hosts_and_their_bytes_cross_the_uplinks(cluster):
+    n = 1 << 18  # 1 MiB of float32: 1.5 MiB over each uplink for the ring, 1 MiB for the hierarchical
+    res = L.launch_on(cluster, "minipar.cluster.traffic:measure", n=n, algorithms=("ring", "hierarchical"),
+                      ranks_per_node=2).results
+    assert [r["host"] for r in res] == ["node0", "node0", "node1", "node1"]
+    assert [r["shared_memory_group"] for r in res] == [2, 2, 2, 2]  # MPICH sees two hosts of two ranks
+    for alg in ("ring", "hierarchical"):
+        payload = T.crossing_bytes(alg, n, 4, 2, 2)
+        for host, d in T.per_node(res, alg).items():
+            ok, line = T.verdict(d["tx_bytes"], payload[int(host[4:])])
+            assert ok, (alg, host, line)
+        assert max(r["algorithms"][alg]["rel_error"] for r in res) < 1e-5  # float32 vs MPI's own sum
+
+
+@needs_namespaces
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["one_node", "ucx_shared_memory"])
+def test_bytes_through_shared_memory_fail_the_check(cluster, how):
+    """Two ways the 'inter-node' bytes avoid the link: all four ranks on node 0, and MPICH's UCX left
+    to its defaults (it sees one kernel and uses shared memory between the two hosts)."""
+    n = 1 << 18
+    if how == "one_node":
+        res = L.launch_on(cluster, "minipar.cluster.traffic:measure", per_node=4, on=[0], n=n, ranks_per_node=2).results
+    else:
+        res = L.launch_on(cluster, "minipar.cluster.traffic:measure", env={"UCX_TLS": "all", "UCX_NET_DEVICES": "all"},
+                          n=n, ranks_per_node=2).results
+        assert [r["shared_memory_group"] for r in res] == [2, 2, 2, 2]  # MPICH still believes in two hosts
+    payload = T.crossing_bytes("ring", n, 4, 2, 2)
+    verdicts = [T.verdict(d["tx_bytes"], payload[0]) for d in T.per_node(res, "ring").values()]
+    assert verdicts and not any(ok for ok, _ in verdicts), verdicts
+    assert all("did not cross" in line for _, line in verdicts)
+
+
+@needs_namespaces
+@pytest.mark.timeout(120)
+def test_the_cli_brings_a_cluster_up_runs_across_it_and_takes_it_down(capsys):
+    from minipar.cli import main
+
+    assert main(["cluster", "up", "--nodes", "2", "--ranks-per-node", "1", "--inter-rate", "100mbit"]) == 0
+    cid = capsys.readouterr().out.split()[1].rstrip(":")
+    state = N.find(cid)
+    try:
+        assert main(["cluster", "run", "--cluster", cid, "--", "hostname"]) == 0  # mpiexec -hosts node0:1,node1:1
+        assert sorted(capsys.readouterr().out.split()) == ["node0", "node1"]
+        assert main(["cluster", "run", "--cluster", cid, "--engine", "torch", "--dry-run", "--", "x.py"]) == 0
+        dry = capsys.readouterr().out
+        assert dry.count("torch.distributed.run --nnodes 2 --nproc-per-node 1") == 2, dry
+        assert "GLOO_SOCKET_IFNAME=eth0" in dry and f"--rdzv-endpoint node0:{L.RDZV_PORT}" in dry
+        assert main(["cluster", "status", "--cluster", cid]) == 0 and "rate 100Mbit" in capsys.readouterr().out
+    finally:
+        assert main(["cluster", "down", "--cluster", cid]) == 0
+    assert cid in capsys.readouterr().out and not leftovers(state)
+    assert main(["cluster", "status", "--cluster", cid]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no cluster '{cid}'" in err
+
+
+TORCH_PROBE = """
+import json, minipar
+from minipar.cluster.traffic import measure
+comm = minipar.init("torch")
+print("RESULT", json.dumps(measure(comm, n=1 << 16, algorithms=("ring",), ranks_per_node=1)), flush=True)
+"""
+
+
+@needs_namespaces
+@pytest.mark.torch
+@pytest.mark.skipif(not has_torch(), reason="needs torch")
+@pytest.mark.timeout(180)
+def test_torchrun_across_nodes_over_gloo_crosses_the_uplinks(cluster, tmp_path):
+    """torchrun --nnodes 2 on each node, c10d rendezvous on node 0, gloo on eth0: a minipar ring
+    all-reduce whose bytes are on the uplinks."""
+    script = tmp_path / "probe.py"
+    script.write_text(TORCH_PROBE)
+    code, out = L.run(cluster, "torch", [str(script)], limit=150, echo=False, ranks_per_node=1)
+    assert code == 0, out
+    res = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+    assert sorted(r["host"] for r in res) == ["node0", "node1"]
+    payload = T.crossing_bytes("ring", 1 << 16, 4, 2, 1)
+    for host, d in T.per_node(res, "ring").items():
+        ok, line = T.verdict(d["tx_bytes"], payload[int(host[4:])])
+        assert ok, (host, line)
