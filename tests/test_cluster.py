@@ -103,9 +103,12 @@ def test_mpi_ranks_live_on_separate_hosts_and_their_bytes_cross_the_uplinks(clus
     for alg in ("ring", "hierarchical"):
         payload = T.crossing_bytes(alg, n, 4, 2, 2)
         for host, d in T.per_node(res, alg).items():
-            ok, line = T.verdict(d["tx_bytes"], payload[int(host[4:])])
+            ok, line = T.verdict(d, payload[int(host[4:])])
             assert ok, (alg, host, line)
         assert max(r["algorithms"][alg]["rel_error"] for r in res) < 1e-5  # float32 vs MPI's own sum
+    # the check also refuses too many bytes: the ring's counters against the hierarchical's payload
+    ok, line = T.verdict(T.per_node(res, "ring")["node0"], T.crossing_bytes("hierarchical", n, 4, 2, 2)[0])
+    assert not ok and "besides the payload" in line
 
 
 @needs_namespaces
@@ -123,7 +126,7 @@ def test_bytes_through_shared_memory_fail_the_check(cluster, how):
                           n=n, ranks_per_node=2).results
         assert [r["shared_memory_group"] for r in res] == [2, 2, 2, 2]  # MPICH still believes in two hosts
     payload = T.crossing_bytes("ring", n, 4, 2, 2)
-    verdicts = [T.verdict(d["tx_bytes"], payload[0]) for d in T.per_node(res, "ring").values()]
+    verdicts = [T.verdict(d, payload[0]) for d in T.per_node(res, "ring").values()]
     assert verdicts and not any(ok for ok, _ in verdicts), verdicts
     assert all("did not cross" in line for _, line in verdicts)
 
@@ -175,5 +178,5 @@ def test_torchrun_across_nodes_over_gloo_crosses_the_uplinks(cluster, tmp_path):
     assert sorted(r["host"] for r in res) == ["node0", "node1"]
     payload = T.crossing_bytes("ring", 1 << 16, 4, 2, 1)
     for host, d in T.per_node(res, "ring").items():
-        ok, line = T.verdict(d["tx_bytes"], payload[int(host[4:])])
+        ok, line = T.verdict(d, payload[int(host[4:])])
         assert ok, (host, line)

@@ -45,8 +45,8 @@ def summarize(results, rate, n, nodes, per_node, reps) -> list[dict]:
     out = []
     for alg in ALGS:
         seconds = statistics.median(max(r["algorithms"][alg]["seconds"][k] for r in results) for k in range(reps))
-        tx = [statistics.median(T.per_node(results, alg, k)[f"node{i}"]["tx_bytes"] for k in range(reps))
-              for i in range(nodes)]
+        reps_by_node = [[T.per_node(results, alg, k)[f"node{i}"] for k in range(reps)] for i in range(nodes)]
+        tx = [statistics.median(d["tx_bytes"] for d in ds) for ds in reps_by_node]
         rec = {"rate": rate, "rate_bits": bits, "algorithm": alg, "bytes": nbytes, "nodes": nodes,
                "ranks_per_node": per_node, "seconds": seconds, "busbw": busbw("all_reduce", nbytes, seconds, p),
                "uplink_tx": tx, "uplink_use": max(tx) / seconds / (bits / 8),
@@ -54,8 +54,10 @@ def summarize(results, rate, n, nodes, per_node, reps) -> list[dict]:
         if alg != "builtin":
             payload = T.crossing_bytes(alg, n, 4, nodes, per_node)
             rec["payload"] = payload
-            rec["framing"] = [t - q for t, q in zip(tx, payload)]
-            rec["crossing_ok"] = all(T.verdict(t, q)[0] for t, q in zip(tx, payload))
+            rec["headers"] = [statistics.median(T.HEADERS * d["tx_packets"] for d in ds) for ds in reps_by_node]
+            rec["mpi_bytes"] = [statistics.median(d["tx_bytes"] - T.HEADERS * d["tx_packets"] - q for d in ds)
+                                for ds, q in zip(reps_by_node, payload)]
+            rec["crossing_ok"] = all(T.verdict(d, q)[0] for ds, q in zip(reps_by_node, payload) for d in ds)
             rec["predicted"] = two_level_allreduce_time(alg, nbytes, nodes, per_node, intra, inter)
         out.append(rec)
     ring = next(r for r in out if r["algorithm"] == "ring")
@@ -66,13 +68,16 @@ def summarize(results, rate, n, nodes, per_node, reps) -> list[dict]:
 
 
 def table(records) -> str:
-    """The records as rows: rate, algorithm, ms, busbw, uplink use, framing, predicted ms."""
+    """The records as rows: rate, algorithm, ms, busbw, uplink use, headers (% of payload), MPI's
+    own bytes, whether the counters match, predicted ms, the hierarchical's time over the ring's."""
     lines = [f"{'rate':>8} {'algorithm':>12} {'ms':>9} {'busbw MB/s':>10} {'uplink use':>10} "
-             f"{'framing':>9} {'pred ms':>8} {'vs ring (pred)':>15}"]
+             f"{'headers':>8} {'MPI B':>6} {'bytes':>5} {'pred ms':>8} {'vs ring (pred)':>15}"]
     for r in records:
-        fr = f"{100 * max(r['framing']) / max(r['payload']):+.2f}%" if "framing" in r else "-"
+        fr = f"{100 * max(r['headers']) / max(r['payload']):.2f}%" if "headers" in r else "-"
+        mpi = f"{max(r['mpi_bytes']):.0f}" if "mpi_bytes" in r else "-"
+        ok = ("ok" if r["crossing_ok"] else "FAIL") if "crossing_ok" in r else "-"
         pred = f"{1e3 * r['predicted']:.1f}" if "predicted" in r else "-"
         vs = f"{r['vs_ring']:.2f} ({r['vs_ring_predicted']:.2f})" if "vs_ring" in r else ""
         lines.append(f"{r['rate']:>8} {r['algorithm']:>12} {1e3 * r['seconds']:9.1f} {r['busbw'] / 1e6:10.1f} "
-                     f"{r['uplink_use']:10.2f} {fr:>9} {pred:>8} {vs:>15}")
+                     f"{r['uplink_use']:10.2f} {fr:>8} {mpi:>6} {ok:>5} {pred:>8} {vs:>15}")
     return "\n".join(lines)

@@ -160,7 +160,7 @@ def cmd_traffic(args):
     payload = T.crossing_bytes(args.algorithm, n, 4, nodes, R)
     rows, ok = [], True
     for host, d in sorted(T.per_node(res, args.algorithm).items()):
-        good, line = T.verdict(d["tx_bytes"], payload[int(host[4:])])
+        good, line = T.verdict(d, payload[int(host[4:])])
         ok &= good
         print(f"  {host}: {'ok  ' if good else 'FAIL'} {line}; {d['tx_packets']} packets")
         rows.append({"host": host, "ok": good, "payload": payload[int(host[4:])], **d})
