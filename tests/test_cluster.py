@@ -5,6 +5,8 @@ Every test makes its own cluster (a unique id in every name) and removes it in a
 without the right to make namespaces they are skipped with the reason ``refusal()`` gives.
 """
 import json
+import pathlib
+import shlex
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from minipar.cluster import launch as L
 from minipar.cluster import nodes as N
 from minipar.cluster import traffic as T
 from minipar.errors import UsageError
+from minipar.launcher import rank_env
 
 from .conftest import has_torch
 
@@ -155,28 +158,71 @@ def test_the_cli_brings_a_cluster_up_runs_across_it_and_takes_it_down(capsys):
     assert err.count("\n") == 1 and f"no cluster '{cid}'" in err
 
 
+# lesson 01 under torchrun, after one measured ring all-reduce: the bytes on each node's uplink
 TORCH_PROBE = """
-import json, minipar
+import json, sys, minipar
 from minipar.cluster.traffic import measure
+from minipar.lessons.collectives import main
 comm = minipar.init("torch")
 print("RESULT", json.dumps(measure(comm, n=1 << 16, algorithms=("ring",), ranks_per_node=1)), flush=True)
+sys.exit(main(sys.argv[1:]))
 """
+
+
+# --------------------------------------------------------------------------- docs/multinode.md's lines, run
+
+
+def doc_block(tag):
+    """The code block under ``<!-- tested: TAG -->`` in docs/multinode.md, as lines."""
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "multinode.md").read_text()
+    after = text.split(f"<!-- tested: {tag} -->", 1)[1]
+    return after.split("```", 2)[1].split("\n")[1:]
+
+
+@needs_namespaces
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_the_docs_mpiexec_line_with_a_host_file_runs_lesson_01_across_the_nodes(cluster, tmp_path):
+    from minipar.launcher import mpiexec, run_streaming
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node0:2\nnode1:2\n")  # the host file of the page
+    (line,) = [ln for ln in doc_block("mpi") if ln.startswith("mpiexec")]
+    argv = shlex.split(line)
+    argv[argv.index("hosts")] = str(hosts)
+    argv[argv.index("python")] = sys.executable
+    # the one addition of the emulation: hydra's "ssh" enters a namespace
+    argv[:1] = [mpiexec(), "-launcher", "ssh", "-launcher-exec", cluster["script"]]
+    code, out = run_streaming(N.in_node(cluster, 0, argv), 100, echo=False, env=L.job_env(cluster, "mpi"))
+    assert code == 0 and "4 ranks (mpi):" in out, out
 
 
 @needs_namespaces
 @pytest.mark.torch
 @pytest.mark.skipif(not has_torch(), reason="needs torch")
 @pytest.mark.timeout(180)
-def test_torchrun_across_nodes_over_gloo_crosses_the_uplinks(cluster, tmp_path):
-    """torchrun --nnodes 2 on each node, c10d rendezvous on node 0, gloo on eth0: a minipar ring
-    all-reduce whose bytes are on the uplinks."""
-    script = tmp_path / "probe.py"
-    script.write_text(TORCH_PROBE)
-    code, out = L.run(cluster, "torch", [str(script)], limit=150, echo=False, ranks_per_node=1)
-    assert code == 0, out
-    res = [json.loads(line.split("RESULT ", 1)[1]) for line in out.splitlines() if "RESULT " in line]
+def test_the_docs_slurm_torchrun_line_runs_lesson_01_across_the_nodes_over_the_uplinks(cluster, tmp_path):
+    """The page's torchrun line on both nodes (c10d rendezvous on node 0, gloo on eth0), running
+    lesson 01 after one ring all-reduce whose bytes must be on the uplinks."""
+    lines = doc_block("torch")
+    env = dict(kv.split("=", 1) for ln in lines if ln.startswith("export ") for kv in ln.split()[1:])
+    assert env["GLOO_SOCKET_IFNAME"] == cluster["ifname"]
+    (line,) = [ln for ln in lines if ln.startswith("srun torchrun")]
+    values = {"$SLURM_NNODES": "2", "$head": "node0", "$SLURM_JOB_ID": cluster["id"]}  # what Slurm fills in
+    argv = [values.get(a.split(":")[0], a.split(":")[0]) + (":" + a.split(":")[1] if ":" in a else "")
+            for a in shlex.split(line)[2:]]
+    argv[argv.index("--nproc-per-node") + 1] = "1"  # one rank per node: the suite's time
+    module = argv.index("-m")
+    assert argv[module + 1] == "minipar.lessons.collectives"
+    probe = tmp_path / "probe.py"
+    probe.write_text(TORCH_PROBE)
+    argv[module:module + 2] = [str(probe)]  # the lesson, after the measured all-reduce
+    cmds = [N.in_node(cluster, i, [sys.executable, "-m", "torch.distributed.run", *argv]) for i in range(2)]
+    code, out = L._run_all(cmds, 150, False, {**rank_env(), **env})
+    assert code == 0 and "2 ranks (torch):" in out, out
+    res = [json.loads(ln.split("RESULT ", 1)[1]) for ln in out.splitlines() if "RESULT " in ln]
     assert sorted(r["host"] for r in res) == ["node0", "node1"]
     payload = T.crossing_bytes("ring", 1 << 16, 4, 2, 1)
     for host, d in T.per_node(res, "ring").items():
-        ok, line = T.verdict(d, payload[int(host[4:])])
-        assert ok, (host, line)
+        ok, why = T.verdict(d, payload[int(host[4:])])
+        assert ok, (host, why)
