@@ -97,26 +97,6 @@ def test_nodes_are_hosts_with_shaped_uplinks(cluster):
 @needs_namespaces
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
-def test_mpi_ranks_live_on_separate_hosts_and_their_bytes_cross_the_uplinks(cluster):
-    n = 1 << 18  # 1 MiB of float32: 1.5 MiB over each uplink for the ring, 1 MiB for the hierarchical
-    res = L.launch_on(cluster, "minipar.cluster.traffic:measure", n=n, algorithms=("ring", "hierarchical"),
-                      ranks_per_node=2).results
-    assert [r["host"] for r in res] == ["node0", "node0", "node1", "node1"]
-    assert [r["shared_memory_group"] for r in res] == [2, 2, 2, 2]  # MPICH sees two hosts of two ranks
-    for alg in ("ring", "hierarchical"):
-        payload = T.crossing_bytes(alg, n, 4, 2, 2)
-        for host, d in T.per_node(res, alg).items():
-            ok, line = T.verdict(d, payload[int(host[4:])])
-            assert ok, (alg, host, line)
-        assert max(r["algorithms"][alg]["rel_error"] for r in res) < 1e-5  # float32 vs MPI's own sum
-    # the check also refuses too many bytes: the ring's counters against the hierarchical's payload
-    ok, line = T.verdict(T.per_node(res, "ring")["node0"], T.crossing_bytes("hierarchical", n, 4, 2, 2)[0])
-    assert not ok and "besides the payload" in line
-
-
-@needs_namespaces
-@pytest.mark.mpi
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["one_node", "ucx_shared_memory"])
 def test_bytes_through_shared_memory_fail_the_check(cluster, how):
     """Two ways the 'inter-node' bytes avoid the link: all four ranks on node 0, and MPICH's UCX left
@@ -164,7 +144,9 @@ import json, sys, minipar
 from minipar.cluster.traffic import measure
 from minipar.lessons.collectives import main
 comm = minipar.init("torch")
-print("RESULT", json.dumps(measure(comm, n=1 << 16, algorithms=("ring",), ranks_per_node=1)), flush=True)
+res = comm.builtin.gather_object(measure(comm, n=1 << 16, algorithms=("ring",), ranks_per_node=1), 0)
+if comm.rank == 0:
+    print("RESULT", json.dumps(res), flush=True)
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -179,10 +161,26 @@ def doc_block(tag):
     return after.split("```", 2)[1].split("\n")[1:]
 
 
+# lesson 01 under mpiexec, after a measured ring and hierarchical all-reduce: the bytes on each uplink
+MPI_PROBE = """
+import json, sys, minipar
+from minipar.cluster.traffic import measure
+from minipar.lessons.collectives import main
+comm = minipar.init("mpi")
+res = comm.builtin.gather_object(measure(comm, n=1 << 18, algorithms=("ring", "hierarchical"), ranks_per_node=2), 0)
+if comm.rank == 0:
+    print("RESULT", json.dumps(res), flush=True)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @needs_namespaces
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
-def test_the_docs_mpiexec_line_with_a_host_file_runs_lesson_01_across_the_nodes(cluster, tmp_path):
+def test_the_docs_mpiexec_line_runs_lesson_01_on_separate_hosts_over_the_uplinks(cluster, tmp_path):
+    """The page's mpiexec line with its host file: ranks on two hosts as MPICH sees them, lesson 01
+    passing, and before it a ring and a hierarchical all-reduce (1 MiB of float32) whose bytes on
+    each uplink are the formula's, to MPI's few bytes."""
     from minipar.launcher import mpiexec, run_streaming
 
     hosts = tmp_path / "hosts"
@@ -191,10 +189,28 @@ def test_the_docs_mpiexec_line_with_a_host_file_runs_lesson_01_across_the_nodes(
     argv = shlex.split(line)
     argv[argv.index("hosts")] = str(hosts)
     argv[argv.index("python")] = sys.executable
+    module = argv.index("-m", argv.index("mpi4py"))
+    assert argv[module + 1] == "minipar.lessons.collectives"
+    probe = tmp_path / "probe.py"
+    probe.write_text(MPI_PROBE)
+    argv[module:module + 2] = [str(probe)]  # the lesson, after the measured all-reduces
     # the one addition of the emulation: hydra's "ssh" enters a namespace
     argv[:1] = [mpiexec(), "-launcher", "ssh", "-launcher-exec", cluster["script"]]
     code, out = run_streaming(N.in_node(cluster, 0, argv), 100, echo=False, env=L.job_env(cluster, "mpi"))
     assert code == 0 and "4 ranks (mpi):" in out, out
+    (res,) = [json.loads(ln.split("RESULT ", 1)[1]) for ln in out.splitlines() if "RESULT " in ln]
+    assert [r["host"] for r in res] == ["node0", "node0", "node1", "node1"]
+    assert [r["shared_memory_group"] for r in res] == [2, 2, 2, 2]  # MPICH sees two hosts of two ranks
+    n = 1 << 18
+    for alg in ("ring", "hierarchical"):
+        payload = T.crossing_bytes(alg, n, 4, 2, 2)
+        for host, d in T.per_node(res, alg).items():
+            ok, why = T.verdict(d, payload[int(host[4:])])
+            assert ok, (alg, host, why)
+        assert max(r["algorithms"][alg]["rel_error"] for r in res) < 1e-5  # float32 vs MPI's own sum
+    # the check also refuses too many bytes: the ring's counters against the hierarchical's payload
+    ok, why = T.verdict(T.per_node(res, "ring")["node0"], T.crossing_bytes("hierarchical", n, 4, 2, 2)[0])
+    assert not ok and "besides the payload" in why
 
 
 @needs_namespaces
@@ -220,7 +236,7 @@ def test_the_docs_slurm_torchrun_line_runs_lesson_01_across_the_nodes_over_the_u
     cmds = [N.in_node(cluster, i, [sys.executable, "-m", "torch.distributed.run", *argv]) for i in range(2)]
     code, out = L._run_all(cmds, 150, False, {**rank_env(), **env})
     assert code == 0 and "2 ranks (torch):" in out, out
-    res = [json.loads(ln.split("RESULT ", 1)[1]) for ln in out.splitlines() if "RESULT " in ln]
+    (res,) = [json.loads(ln.split("RESULT ", 1)[1]) for ln in out.splitlines() if "RESULT " in ln]
     assert sorted(r["host"] for r in res) == ["node0", "node1"]
     payload = T.crossing_bytes("ring", 1 << 16, 4, 2, 1)
     for host, d in T.per_node(res, "ring").items():
