@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from ..cluster import nodes as N
 from ..errors import UsageError
 from ..records import write_json
 from .common import bounded, output_path, parse_size, positive, progress, with_example
 
 
 def rate(text: str) -> str:
-    from ..cluster.nodes import parse_rate
-
     try:
-        parse_rate(text)
+        N.parse_rate(text)
     except UsageError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
@@ -90,8 +89,6 @@ def _elements(nbytes: int) -> int:
 
 
 def cmd_up(args):
-    from ..cluster import nodes as N
-
     s = N.up(args.nodes, args.ranks_per_node, args.inter_rate, args.intra_rate,
              progress=lambda it: progress(it, desc="nodes", unit="node"))
     print(f"cluster {s['id']}: {len(s['nodes'])} nodes x {s['ranks_per_node']} ranks, uplinks {args.inter_rate}"
@@ -103,8 +100,6 @@ def cmd_up(args):
 
 
 def cmd_status(args):
-    from ..cluster import nodes as N
-
     s = N.find(args.cluster)
     alive = N.existing(s)
     print(f"cluster {s['id']}: {len(s['nodes'])} nodes x {s['ranks_per_node']} ranks; state {N.path(s)}")
@@ -118,8 +113,6 @@ def cmd_status(args):
 
 
 def cmd_down(args):
-    from ..cluster import nodes as N
-
     s = N.find(args.cluster)
     removed = N.down(s)
     print(f"cluster {s['id']} removed: {', '.join(removed) or 'nothing was left'}")
@@ -128,8 +121,6 @@ def cmd_down(args):
 
 def cmd_run(args):
     from ..cluster import launch as L
-    from ..cluster import nodes as N
-
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     s = N.find(args.cluster)
     if args.dry_run:
@@ -147,7 +138,6 @@ def cmd_run(args):
 
 def cmd_traffic(args):
     from ..cluster import launch as L
-    from ..cluster import nodes as N
     from ..cluster import traffic as T
 
     s = N.find(args.cluster)
@@ -162,7 +152,7 @@ def cmd_traffic(args):
     for host, d in sorted(T.per_node(res, args.algorithm).items()):
         good, line = T.verdict(d, payload[int(host[4:])])
         ok &= good
-        print(f"  {host}: {'ok  ' if good else 'FAIL'} {line}; {d['tx_packets']} packets")
+        print(f"  {host}: {'ok  ' if good else 'FAIL'} {line}")
         rows.append({"host": host, "ok": good, "payload": payload[int(host[4:])], **d})
     if args.json:
         write_json(args.json, rows)
@@ -171,8 +161,6 @@ def cmd_traffic(args):
 
 def cmd_bench(args):
     from ..bench import cluster as B
-    from ..cluster import nodes as N
-
     why = N.refusal()
     if why:
         raise UsageError(why)
