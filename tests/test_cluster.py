@@ -138,16 +138,16 @@ def test_the_cli_brings_a_cluster_up_runs_across_it_and_takes_it_down(capsys):
     assert err.count("\n") == 1 and f"no cluster '{cid}'" in err
 
 
-# lesson 01 under torchrun, after one measured ring all-reduce: the bytes on each node's uplink
+# under torchrun: one measured ring all-reduce, the bytes on each node's uplink (the lesson itself
+# runs under torchrun elsewhere; here it would double the test's time)
 TORCH_PROBE = """
-import json, sys, minipar
+import json, minipar
 from minipar.cluster.traffic import measure
-from minipar.lessons.collectives import main
 comm = minipar.init("torch")
 res = comm.builtin.gather_object(measure(comm, n=1 << 16, algorithms=("ring",), ranks_per_node=1), 0)
 if comm.rank == 0:
     print("RESULT", json.dumps(res), flush=True)
-sys.exit(main(sys.argv[1:]))
+minipar.comm.finalize()
 """
 
 
@@ -217,9 +217,9 @@ def test_the_docs_mpiexec_line_runs_lesson_01_on_separate_hosts_over_the_uplinks
 @pytest.mark.torch
 @pytest.mark.skipif(not has_torch(), reason="needs torch")
 @pytest.mark.timeout(180)
-def test_the_docs_slurm_torchrun_line_runs_lesson_01_across_the_nodes_over_the_uplinks(cluster, tmp_path):
-    """The page's torchrun line on both nodes (c10d rendezvous on node 0, gloo on eth0), running
-    lesson 01 after one ring all-reduce whose bytes must be on the uplinks."""
+def test_the_docs_slurm_torchrun_line_runs_across_the_nodes_over_the_uplinks(cluster, tmp_path):
+    """The page's torchrun line on both nodes (c10d rendezvous on node 0, gloo on eth0), its
+    script a ring all-reduce whose bytes must be on the uplinks."""
     lines = doc_block("torch")
     env = dict(kv.split("=", 1) for ln in lines if ln.startswith("export ") for kv in ln.split()[1:])
     assert env["GLOO_SOCKET_IFNAME"] == cluster["ifname"]
@@ -232,10 +232,10 @@ def test_the_docs_slurm_torchrun_line_runs_lesson_01_across_the_nodes_over_the_u
     assert argv[module + 1] == "minipar.lessons.collectives"
     probe = tmp_path / "probe.py"
     probe.write_text(TORCH_PROBE)
-    argv[module:module + 2] = [str(probe)]  # the lesson, after the measured all-reduce
+    argv[module:module + 4] = [str(probe)]  # the script in place of the lesson (and its --backend torch)
     cmds = [N.in_node(cluster, i, [sys.executable, "-m", "torch.distributed.run", *argv]) for i in range(2)]
     code, out = L._run_all(cmds, 150, False, {**rank_env(), **env})
-    assert code == 0 and "2 ranks (torch):" in out, out
+    assert code == 0, out
     (res,) = [json.loads(ln.split("RESULT ", 1)[1]) for ln in out.splitlines() if "RESULT " in ln]
     assert sorted(r["host"] for r in res) == ["node0", "node1"]
     payload = T.crossing_bytes("ring", 1 << 16, 4, 2, 1)
