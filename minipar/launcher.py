@@ -126,13 +126,14 @@ def target_name(target) -> str:
 
 def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None, trace: bool = False,
            watchdog: float | None = None, job_timeout: float | None = None, quiet: bool = False,
-           via=None, env: dict | None = None, **kwargs) -> LaunchResult:
+           on_line=None, via=None, env: dict | None = None, **kwargs) -> LaunchResult:
     """Run ``target(comm, **kwargs)`` on ``n`` ranks and collect each rank's return value.
 
     backend/device: as in :func:`minipar.init`. trace: record and merge every rank's events.
     watchdog: seconds before a blocked job is reported and aborted (default 60).
     job_timeout: hard wall-clock limit for the whole job (default: watchdog + 120 s).
     quiet: do not echo the ranks' output (it is still returned in ``.output``).
+    on_line: called with each line the ranks print, as it arrives (a progress bar counts phases).
     via: ``via(n, rank_command) -> command`` starts the ranks another way than ``mpiexec -n n``
     (``minipar.cluster`` puts them on its nodes); env: variables the ranks get besides ours.
     """
@@ -159,7 +160,7 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
             limit = job_timeout or ((watchdog or 600) + 120)
             env = {**rank_env(), **(env or {})}
             env["MINIPAR_WATCHDOG_DIR"] = tmp  # a watchdog report folder dies with this one
-            code, output = run_streaming(cmd, limit, echo=not quiet, env=env)
+            code, output = run_streaming(cmd, limit, echo=not quiet, env=env, on_line=on_line)
             if code != 0 or not os.path.exists(result_path):
                 raise failure(n, spec["target"], code, output)
             with open(result_path, "rb") as f:
@@ -201,8 +202,9 @@ def this_process() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}: {shlex.join(command + args)}"
 
 
-def run_streaming(cmd, limit: float, echo: bool = True, env=None):
-    """Run ``cmd``, echoing its output live, stopping it after ``limit`` seconds.
+def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None):
+    """Run ``cmd``, echoing its output live (and handing each line to ``on_line``), stopping it
+    after ``limit`` seconds.
 
     Returns (exit code, combined output). Exit code 124 means we stopped it on the time limit.
     However the call ends (the limit, Ctrl-C, SIGTERM or SIGHUP, an error), the job ends with
@@ -230,11 +232,13 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
                 if echo and not stopping.is_set():
                     sys.stdout.write(line)
                     sys.stdout.flush()
+                if on_line is not None:
+                    on_line(line)
 
         try:
             with _held_signals():  # a signal while mpiexec starts waits until it can be stopped
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        bufsize=1, env=env, start_new_session=True)
+                                        bufsize=1, env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
                 reader = threading.Thread(target=pump, daemon=True)
                 reader.start()
                 watcher = threading.Thread(target=watch, daemon=True)
@@ -265,6 +269,36 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
 # ------------------------------------------------------------------ ending a job, and this process
 
 GRACE = 3.0  # seconds a stopped job has to end its ranks and remove its files before SIGKILL
+
+
+def _prctl():
+    """libc's ``prctl`` where there is one (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _dies_with(parent: int):
+    """What mpiexec's process runs before it starts (``preexec_fn``): if ``parent``, this process,
+    is killed outright (SIGKILL, the OOM killer), where no handler of ours runs and :func:`stop`
+    never comes, Linux sends mpiexec SIGTERM (``PR_SET_PDEATHSIG``), and mpiexec ends its ranks
+    and removes hydra's file as when stopped. Only the launch folder stays behind: only this
+    process knew it. Looked up here, in the parent: the child between fork and exec does little."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+
+    def arm():
+        prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the line above: nothing would send the signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def stop(proc, grace: float = GRACE) -> set:

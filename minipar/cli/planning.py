@@ -61,7 +61,8 @@ def add_verbs(verbs):
         "machine", help="measure this machine for the planner: matmul rate, memory bandwidth, alpha/beta",
         **with_example("minipar bench machine -n 2          # then: minipar plan --hardware this-machine ..."))
     m.add_argument("-n", type=ranks, default=2, help="ranks (default 2)")
-    m.add_argument("--out", type=output_path, help="where to write the preset (default minipar/plan/this_machine.json)")
+    m.add_argument("--out", type=output_path, help="where to write the preset (default ~/.cache/minipar/this_machine.json, or under "
+                        "$MINIPAR_CACHE_DIR; the committed minipar/plan/this_machine.json only when named here)")
     m.set_defaults(func=cmd_machine)
 
     k = verbs.bench.add_parser(
