@@ -41,7 +41,9 @@ def cluster():
     assert not leftovers(state)
 
 
-def test_rates_and_the_refusal_without_root(monkeypatch):
+def test_rates_and_the_refusal_without_root(monkeypatch, capsys):
+    from minipar.cli import main
+
     assert N.parse_rate("100mbit") == 10**8 and N.parse_rate("1gbit") == 10**9 and N.parse_rate("2.5gbit") == 25 * 10**8
     for bad in ("fast", "1tbit", "100", "10kbit", "-1gbit"):
         with pytest.raises(UsageError, match="1mbit ... 100gbit"):
@@ -51,6 +53,10 @@ def test_rates_and_the_refusal_without_root(monkeypatch):
     assert "need root" in N.refusal() and "--link" in N.refusal()
     with pytest.raises(UsageError, match=r"cannot build a cluster here: .* `minipar --link ethernet"):
         N.up(2, 1, "1gbit")
+    for verb in (["up"], ["status"], ["run", "--", "hostname"], ["traffic"], ["down"], ["bench"]):
+        assert main(["cluster", *verb]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "need root" in err and "--link" in err, (verb, err)
 
 
 @needs_namespaces

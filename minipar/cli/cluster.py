@@ -19,7 +19,7 @@ import shlex
 from ..cluster import nodes as N
 from ..errors import UsageError
 from ..records import write_json
-from .common import bounded, output_path, parse_size, positive, progress, with_example
+from .common import bounded, output_path, positive, progress, size_at_most, with_example
 
 
 def rate(text: str) -> str:
@@ -30,10 +30,22 @@ def rate(text: str) -> str:
     return text
 
 
+# the vector is held several times by each of the ranks, all on this machine
+SIZE = size_at_most(1 << 30, "1 GiB: every rank holds the vector a few times, and all ranks are on this machine")
+
+
+def refuse_without_namespaces(args):
+    """Every cluster verb, before anything: one line where namespaces cannot be made here."""
+    why = N.refusal()
+    if why:
+        raise UsageError(why)
+
+
 def add_verbs(verbs):
     c = verbs.top.add_parser("cluster", help="nodes as network namespaces on this machine, and jobs across them",
                              description=__doc__.split("\n\n")[0], **with_example("minipar cluster up --nodes 2"))
     sub = c.add_subparsers(dest="cluster_verb", metavar="VERB", required=True)
+    verbs_here = []
 
     u = sub.add_parser("up", help="bring up N nodes joined by a shaped switch",
                        **with_example("minipar cluster up --nodes 2 --ranks-per-node 2 --inter-rate 1gbit"))
@@ -49,6 +61,7 @@ def add_verbs(verbs):
         p = sub.add_parser(name, help=help, **with_example(f"minipar cluster {name}"))
         p.add_argument("--cluster", metavar="ID", help="which cluster (default: the only one)")
         p.set_defaults(func=func)
+        verbs_here.append(p)
 
     r = sub.add_parser("run", help="run a command on every node with mpiexec or torchrun",
                        **with_example("minipar cluster run -- python -m mpi4py script.py\n"
@@ -66,7 +79,7 @@ def add_verbs(verbs):
     t = sub.add_parser("traffic", help="one all-reduce across the nodes: each uplink's bytes vs the formula",
                        **with_example("minipar cluster traffic --size 4M --algorithm hierarchical"))
     t.add_argument("--cluster", metavar="ID", help="which cluster (default: the only one)")
-    t.add_argument("--size", type=parse_size, default=4 << 20, help="bytes of float32 to all-reduce (default 4M)")
+    t.add_argument("--size", type=SIZE, default=4 << 20, help="bytes of float32 to all-reduce (default 4M)")
     t.add_argument("--algorithm", choices=("ring", "hierarchical"), default="ring")
     t.add_argument("--json", type=output_path, help="write each node's counters and verdict here")
     t.set_defaults(func=cmd_traffic)
@@ -76,10 +89,12 @@ def add_verbs(verbs):
     b.add_argument("--rates", type=rate, nargs="+", default=["100mbit", "1gbit"])
     b.add_argument("--nodes", type=bounded(16, "ranks share this machine's cores"), default=2)
     b.add_argument("--ranks-per-node", type=bounded(16, "ranks share this machine's cores"), default=2)
-    b.add_argument("--size", type=parse_size, default=8 << 20, help="bytes of float32 to all-reduce (default 8M)")
+    b.add_argument("--size", type=SIZE, default=8 << 20, help="bytes of float32 to all-reduce (default 8M)")
     b.add_argument("--reps", type=bounded(100, "each repetition at 100mbit takes a second per 8 MB"), default=3)
     b.add_argument("--json", type=output_path, help="write one record per (rate, algorithm) here")
     b.set_defaults(func=cmd_bench)
+    for p in (u, r, t, b, *verbs_here):
+        p.set_defaults(validate=refuse_without_namespaces)
 
 
 def _elements(nbytes: int) -> int:
@@ -161,9 +176,6 @@ def cmd_traffic(args):
 
 def cmd_bench(args):
     from ..bench import cluster as B
-    why = N.refusal()
-    if why:
-        raise UsageError(why)
     print(f"all-reduce of {args.size} B float32 on {args.nodes} nodes x {args.ranks_per_node} ranks, "
           f"median of {args.reps}; a cluster of its own per rate")
     records = B.run(args.rates, _elements(args.size), args.nodes, args.ranks_per_node, args.reps,

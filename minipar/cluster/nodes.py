@@ -151,8 +151,10 @@ def up(nodes: int, ranks_per_node: int, inter_rate: str, intra_rate: str | None 
                 if state["intra_rate"]:
                     _shape(ns, "lo", state["intra_rate"])
             _write_script(state)
-        except BaseException:
+        except BaseException as err:
             down(state)
+            if isinstance(err, RuntimeError):  # a command of iproute2 refused: its message, in one line
+                raise UsageError(f"cluster up failed, and what it had built is removed: {err}") from None
             raise
     return state
 
