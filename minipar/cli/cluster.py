@@ -129,8 +129,7 @@ def cmd_status(args):
 
 def cmd_down(args):
     s = N.find(args.cluster)
-    removed = N.down(s)
-    print(f"cluster {s['id']} removed: {', '.join(removed) or 'nothing was left'}")
+    print(f"cluster {s['id']} removed: {', '.join(N.down(s)) or 'nothing was left'}")
     return 0
 
 
