@@ -242,6 +242,8 @@ def down(state: dict) -> list[str]:
         with contextlib.suppress(FileNotFoundError):
             os.remove(f)
             removed.append(f)
+    with contextlib.suppress(OSError):
+        os.rmdir(state_dir())  # only if no other cluster is up
     return removed
 
 
