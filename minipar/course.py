@@ -102,7 +102,7 @@ LESSONS = [
            "labs/07_planning", "notebooks/07_which_strategy.ipynb",
            ("plan_heatmap.png", "plan_memory.png", "plan_here.png"),
            packages=("minipar.plan",), run="planning",
-           verbs=("plan", "run planning", "bench machine", "bench links", "bench plan")),
+           verbs=("plan", "run planning", "bench machine", "bench links", "bench plan", "bench published")),
     Lesson("08", "auto_parallel", "Automatic parallelization: placements, redistribute, FlexFlow's simulator and MCMC search",
            "minipar.lessons.auto_parallel:tour", ("minipar.figures.auto_parallel",),
            "labs/08_auto_parallel", "notebooks/08_auto_parallel.ipynb",

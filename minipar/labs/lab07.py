@@ -11,7 +11,9 @@ equals what a typical mistake gives, the message names the mistake:
   bound); hand-made schedules no formula describes are among the cases;
 * 7.3 ``dp_all_reduce_time``: the hierarchical all-reduce on a two-level network, against
   ``plan.timing.dp_collective``;
-* 7.4 ``choose_config``: a search with the planner's ``predict`` handed in (``lab07_choose``).
+* 7.4 ``choose_config``: a search with the planner's ``predict`` handed in (``lab07_choose``);
+* 7.6 ``model_params``: the parameters of today's shapes (GQA, SwiGLU, RMSNorm, untied output),
+  against ``plan.models.ModelSpec.params`` (``lab07_params``).
 
 The planner is the grader's reference, not the learner's tool: a graded function that calls into
 ``minipar.plan``, the pipeline's in-flight counters or the lab's reference solution is refused,
@@ -30,6 +32,7 @@ from ..lessons.planning import hierarchical_time
 from ..pipeline import gpipe, interleaved_1f1b, naive, one_f_one_b, zero_bubble_h1
 from ..pipeline.schedules import Action, inflight_profile
 from .grader import Task
+from .lab07_params import PARAMS_HINTS
 from .lab07_reference import Watch, call_watched, reference_activation_bytes, refused
 
 TITLE = "which strategy when: the planner's memory, pipeline, network and search"
@@ -41,6 +44,8 @@ TASKS = [
     Task("7.3", "two-level all-reduce time", "dp_all_reduce_time", f"{HERE}:check_dp_all_reduce_time", sizes=(1,)),
     Task("7.4", "choose a configuration", "choose_config", "minipar.labs.lab07_choose:check_choose_config", sizes=(1,),
          budget=20),  # 1.3 s
+    Task("7.6", "parameters of today's models", "model_params", "minipar.labs.lab07_params:check_model_params",
+         sizes=(1,)),
 ]
 
 # Hints, stage by stage (`minipar check 07 --hint 7.1`): a nudge naming the idea and what to read,
@@ -108,6 +113,7 @@ HINTS = {
         return best
         """,
     ),
+    **PARAMS_HINTS,
 }
 
 

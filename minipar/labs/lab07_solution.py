@@ -43,3 +43,9 @@ def choose_config(job, predict):
                     if est.memory_bytes <= job["capacity_bytes"] and (best is None or key < best[0]):
                         best = (key, dict(tp=tp, pp=pp, dp=dp, microbatch=mb, recompute=rec))
     return best[1] if best else None
+
+
+def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
+    """``plan.models.ModelSpec.params`` for the shape: rotary positions, biases on every Linear or none."""
+    return ModelSpec(layers, hidden, heads, 1, vocab, ffn=ffn, kv_heads=kv_heads, mlp=mlp, norm=norm, bias=bias,
+                     qkv_bias=bias, tied=tied, positions="rope").params()

@@ -68,3 +68,18 @@ def choose_config(job, predict):
                     if best is None or (est.step_s, est.memory_bytes) < best_key:
                         best, best_key = dict(tp=tp, pp=pp, dp=dp, microbatch=mb, recompute=rec), (est.step_s, est.memory_bytes)
     return best
+
+
+def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
+    d = hidden // heads
+    q, kv = heads * d, kv_heads * d
+    attention = hidden * q + 2 * hidden * kv + q * hidden      # Q, K and V, the projection
+    mlp_in = 2 if mlp == "swiglu" else 1                       # gate and up, or fc1
+    ffn_p = mlp_in * hidden * ffn + ffn * hidden               # + down (fc2)
+    if bias:
+        attention += q + 2 * kv + hidden
+        ffn_p += mlp_in * ffn + hidden
+    norm_p = 2 * hidden if norm == "layernorm" else hidden
+    block = attention + ffn_p + 2 * norm_p
+    ends = vocab * hidden + (0 if tied else vocab * hidden) + norm_p
+    return layers * block + ends
