@@ -8,6 +8,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+SITE_STAMP := $(VENV)/.installed-site
 
 .PHONY: tour test venv figures clean lint notebooks lab site browser
 
@@ -22,14 +23,19 @@ TORCH_INDEX ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install -q -e ".[torch,test,site]"
+	$(BIN)/python -m pip install -q -e ".[torch,test]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
+
+# the site's packages (mkdocs and its plugins, selenium): for make site and the tests, not the tour
+$(SITE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[site]"
+	touch $(SITE_STAMP)
 
 tour: $(STAMP)
 	$(BIN)/minipar tour
 
-test: $(STAMP) browser
+test: $(SITE_STAMP) browser
 	$(BIN)/python -m pytest -q --durations=15
 
 # the browser tests/test_site.py drives: Debian's chromium and its driver, installed once where
@@ -42,7 +48,7 @@ browser:
 
 # the course site, into site/ (docs/site.md): open site/index.html, or serve it with
 #   python -m http.server -d site 8000
-site: $(STAMP)
+site: $(SITE_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 	@echo "the site is in site/: open site/index.html"
 
