@@ -98,9 +98,14 @@ def where(offload) -> str:
     raise ValueError(f"offload={offload!r}: choose False, 'cpu' (True) or 'nvme' (or an NVMe store)")
 
 
-def working_dtype(like, mixed: bool):
-    """The dtype forward/backward run in: float16 when mixed, else the dtype of ``like``."""
-    return getattr(namespace(like), LOW) if mixed else like.dtype
+def working_dtype(like, mixed):
+    """The dtype forward/backward run in: float16 when ``mixed`` is True, the dtype it names when
+    it is a name ("bfloat16"), else the dtype of ``like``."""
+    from .xp import dtype_named
+
+    if not mixed:
+        return like.dtype
+    return dtype_named(LOW if mixed is True else mixed, like)
 
 
 def astype(x, dtype):

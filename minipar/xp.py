@@ -84,9 +84,26 @@ def size(x) -> int:
     return x.numel() if is_torch(x) else int(x.size)
 
 
+def dtype_named(name: str, like=None):
+    """The dtype called ``name`` ("float64", "float32", "bfloat16", "float16") in the library of
+    ``like``: torch's own, or NumPy's. NumPy has no bfloat16: ``ml_dtypes`` (made for exactly
+    this) registers one, imported here the first time it is asked for."""
+    if like is not None and is_torch(like):
+        return getattr(sys.modules["torch"], str(name).replace("torch.", ""))
+    if str(name) == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def to_numpy(x) -> np.ndarray:
-    """A NumPy copy/view of ``x`` on the host (for checks, plots and printing)."""
+    """A NumPy copy/view of ``x`` on the host (for checks, plots and printing); a torch bfloat16
+    tensor comes back as ml_dtypes' bfloat16 (NumPy has no bfloat16 of its own)."""
     if is_torch(x):
+        torch = sys.modules["torch"]
+        if x.dtype == torch.bfloat16:  # .numpy() refuses it: through float32, which holds it exactly
+            return x.detach().cpu().float().numpy().astype(dtype_named("bfloat16"))
         return x.detach().cpu().numpy()
     return np.asarray(x)
 
@@ -95,7 +112,10 @@ def from_numpy(a: np.ndarray, like):
     """``a`` converted to the kind (numpy/torch), dtype and device of ``like``."""
     if is_torch(like):
         torch = sys.modules["torch"]
-        return torch.as_tensor(np.asarray(a, order="C"), device=like.device).to(like.dtype)
+        a = np.asarray(a, order="C")
+        if a.dtype == dtype_named("bfloat16"):  # torch cannot read ml_dtypes' bfloat16: float32 holds it exactly
+            a = a.astype(np.float32)
+        return torch.as_tensor(a, device=like.device).to(like.dtype)
     return np.asarray(a, dtype=like.dtype)
 
 

@@ -29,10 +29,10 @@ def test_the_tour_on_cuda(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_train_on_cuda_equals_one_process(dtype):
+@pytest.mark.parametrize("precision", ["fp64", "fp32", "bf16", "fp16"])
+def test_train_on_cuda_equals_one_process(precision):
     out = minipar("train", "-n", "4", "--dp", "2", "--tp", "2", "--backend", "torch", "--device", "cuda",
-                  "--dtype", dtype, "--steps", "3", "--compare")
+                  "--precision", precision, "--steps", "3", "--compare")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "(ok, tolerance" in out.stdout
 

@@ -91,7 +91,7 @@ def train_memory(comm, pp=1, tp=2, recompute=("none", "selective", "full"), d_mo
     out = []
     for mode in recompute:
         cfg = TrainConfig(model, dp=dp, pp=pp, tp=tp, microbatches=2 * pp, recompute=mode, steps=steps, batch=batch,
-                          dtype="float32", data="sorting")
+                          precision="fp32", data="sorting")
         box = {}
 
         def run():

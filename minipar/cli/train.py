@@ -8,6 +8,7 @@
     minipar train -n 8 --dp 2 --cp 2 --tp 2 --steps 5 --compare     # the sequence split over cp too
     minipar train -n 4 --dp 4 --experts 8 --top-k 2 --steps 5 --compare   # a mixture of experts over dp
     minipar train -n 4 --dp 2 --tp 2 --clip 1.0 --steps 5 --compare       # clipped by the global gradient norm
+    minipar train -n 4 --dp 2 --tp 2 --precision bf16 --steps 5 --compare  # 16-bit weights, float32 gradients and master
     minipar train -n 4 --cp 2 --tp 2 --dropout 0.1 --steps 5 --compare    # dropout: one process's masks on any grid
     minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"
     minipar bench train --steps 3 --json bench_train.json                 # minipar.bench.train
@@ -19,6 +20,7 @@ line naming the dimension, exit code 2.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -27,7 +29,8 @@ from ..launcher import LaunchError
 from ..bench import gpu as gpu_bench, train as train_bench
 from ..train.config import DEFAULT_MODEL
 from ..train.model import GPTConfig
-from ..train.trainer import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes
+from ..train.precision import COMPUTE, LOSS_SCALES, PRECISIONS
+from ..train.trainer import CP_ATTENTION, SCHEDULES, TrainConfig, check_shapes
 from ..records import write_json
 from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, positive_float, progress,
                      ranks, run_and_report, with_example)
@@ -65,7 +68,17 @@ def add_grid_options(p):
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron-SP: LayerNorms and residuals on T/tp tokens")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     p.add_argument("--zero", type=int, default=0, help="0: DDP; 1: ZeRO-1 (Adam state sharded over dp)")
-    p.add_argument("--dtype", choices=DTYPES, default="float64")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="fp64 (default) or fp32: everything in it; bf16 or fp16: 16-bit weights and activations, "
+                        "float32 gradients, master weights and Adam state (docs/train.md). With --resume: the "
+                        "checkpoint's, and another only when said here")
+    p.add_argument("--loss-scale", choices=LOSS_SCALES, default=None,
+                   help="fp16 only: dynamic (the default, and the only one fp16 accepts): halve on an overflow, "
+                        "that step skipped on every rank; double after --growth-interval clean steps")
+    p.add_argument("--initial-scale", type=float_at_most(2.0**64, "fp32 gradients overflow long before"), default=None,
+                   metavar="S", help="fp16: the first step's loss scale, a power of 2 (default 65536)")
+    p.add_argument("--growth-interval", type=bounded(10**9, "steps"), default=None, metavar="K",
+                   help="fp16: clean steps in a row before the loss scale doubles (default 2000)")
     p.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="torch backend: where the ranks compute (cuda: NCCL with a GPU per rank, else gloo with host staging)")
@@ -89,8 +102,22 @@ def config_from(args) -> TrainConfig:
     return TrainConfig(model, dp=args.dp, pp=args.pp, tp=args.tp, schedule=args.schedule,
                        microbatches=args.microbatches, sequence_parallel=args.sequence_parallel,
                        recompute=args.recompute, zero=args.zero, steps=args.steps, batch=args.batch,
-                       dtype=args.dtype, lr=args.lr, data="sorting", cp=args.cp, cp_attention=args.cp_attention,
-                       clip=args.clip, dropout=args.dropout)
+                       precision=args.precision or "fp64", lr=args.lr, data="sorting", cp=args.cp,
+                       cp_attention=args.cp_attention, clip=args.clip, dropout=args.dropout,
+                       **loss_scale_options(args))
+
+
+def loss_scale_options(args) -> dict:
+    """The loss-scale flags given, as TrainConfig fields; refused (one line) with a precision that
+    scales nothing: bf16 has float32's exponent range, fp32 and fp64 are float32 and float64."""
+    given = {k: getattr(args, k) for k in ("loss_scale", "initial_scale", "growth_interval")
+             if getattr(args, k) is not None}
+    if given and args.precision != "fp16":
+        flag = "--" + next(iter(given)).replace("_", "-")
+        why = ("bf16 has float32's exponent range: its gradients need no scale" if args.precision == "bf16"
+               else f"{args.precision or 'fp64'} is no 16-bit precision")
+        raise UsageError(f"{flag}: only --precision fp16 scales its loss ({why})")
+    return given
 
 
 def add_verbs(verbs):
@@ -178,7 +205,9 @@ def run_rank(comm, cfg, save=None, save_every=0, resume=None, traced=False):
         peak = max(m["total"] for m in rec["memory"])
         print(f"step {step:5d}  loss {rec['loss']:.4f}  tokens/s {tokens / rec['time']:9.0f}  "
               f"step {rec['time'] * 1e3:8.1f} ms  peak/rank {peak / 2**20:7.2f} MiB" + expert_line(rec["experts"])
-              + (f"  grad norm {rec['grad_norm']:.3g}" if rec["grad_norm"] is not None else ""), flush=True)
+              + (f"  grad norm {rec['grad_norm']:.3g}" if rec["grad_norm"] is not None else "")
+              + (f"  loss scale 2^{math.log2(rec['loss_scale']):.0f}" + (" (overflow: step skipped)" if rec["skipped"] else "")
+                 if rec["loss_scale"] is not None else ""), flush=True)
 
     tr, losses, times = train(comm, cfg, report, trainer=tr, start=start, save=save, save_every=save_every,
                               trace_step=min(start + 1, cfg.steps - 1) if traced else None)
@@ -186,7 +215,7 @@ def run_rank(comm, cfg, save=None, save_every=0, resume=None, traced=False):
     memory = comm.builtin.allgather_object(dict(tr.memory(), coords=tr.grid.coords, cp=tr.grid.cp_rank, rank=comm.rank))
     return {"start": start, "losses": losses, "step_times_s": times, "memory": memory, "trace": events,
             "unigram_entropy": tr.data.unigram_entropy(), "tokens_per_step": tokens, "experts": tr.history,
-            "grad_norms": tr.grad_norms}
+            "grad_norms": tr.grad_norms, "loss_scales": tr.scales, "skipped": tr.skipped}
 
 
 def expert_line(experts) -> str:
@@ -203,7 +232,7 @@ def expert_line(experts) -> str:
 # a flag of ``train`` that the checkpoint fixes: where its value is in the checkpoint's index
 FIXED_BY_CHECKPOINT = {"d_model": ("model", "d_model"), "layers": ("model", "n_layers"), "heads": ("model", "n_heads"),
                        "seq_len": ("model", "seq_len"), "experts": ("model", "n_experts"), "top_k": ("model", "top_k"),
-                       "batch": ("train", "batch"), "lr": ("train", "lr")}
+                       "batch": ("train", "batch"), "lr": ("train", "lr"), "clip": ("train", "clip")}
 
 
 def contradicts(args, index):
@@ -219,18 +248,36 @@ def contradicts(args, index):
                              f"run continues it as it is; drop {name}, or start a new run without --resume")
 
 
+def resumed_precision(args, index) -> str:
+    """The precision a resumed run trains in: the checkpoint's, or another one said with
+    ``--precision``; never another one by default (fp64 after a bf16 run would quietly change
+    every number)."""
+    saved = saved_precision(index)
+    if args.precision is None and saved != "fp64":
+        raise UsageError(f"{args.resume} was trained with --precision {saved}; say --precision {saved} to continue "
+                         f"it, or another --precision to switch (the master weights carry over)")
+    return args.precision or saved
+
+
+def saved_precision(index) -> str:
+    """A checkpoint's precision (written before --precision: its dtype's)."""
+    train = index.get("train", {})
+    return train.get("precision") or {dtype: p for p, dtype in COMPUTE.items()}.get(train.get("dtype"), "fp64")
+
+
 def cmd_train(args) -> int:
     from ..launcher import launch
     from ..trace import write_chrome_trace
 
-    cfg = config_from(args)
     try:
+        cfg = config_from(args)
         if args.resume:
             from ..train.checkpoint import read_index
 
             _, index = read_index(args.resume)
             contradicts(args, index)
-            cfg = cfg.with_(model=GPTConfig(**index["model"]), batch=index["train"]["batch"])
+            cfg = cfg.with_(model=GPTConfig(**index["model"]), batch=index["train"]["batch"],
+                            precision=resumed_precision(args, index))
             if args.steps <= index.get("step", 0):
                 raise UsageError(f"--steps={args.steps}: the checkpoint is at step {index['step']}, so it trains "
                                  f"until a later step (--steps > {index['step']})")
@@ -279,20 +326,30 @@ def cmd_train(args) -> int:
                                     for step in rec["experts"]]
     if cfg.clip is not None:  # per step: the global gradient norm before clipping
         result["grad_norms"] = rec["grad_norms"]
+    if rec["loss_scales"]:  # fp16: per step, the loss scale it ran with; the steps every rank skipped
+        result["loss_scales"], result["skipped_steps"] = rec["loss_scales"], rec["skipped"]
     ok = True
     if args.compare:
         from ..train.trainer import train_reference
 
-        ref, _ = train_reference(cfg, steps=start + len(losses), progress=progress)
-        ref = ref[start:]
-        err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
-        tol = 1e-12 if cfg.dtype == "float64" else 1e-5
-        print(f"\n{'step':>5} {'this grid':>20} {'one process':>20}")
-        for i, (a, b) in enumerate(zip(losses, ref)):
-            print(f"{start + i:>5} {a:>20.15f} {b:>20.15f}")
-        ok = err <= tol
-        print(f"max relative difference {err:.1e} ({'ok' if ok else 'FAIL'}, tolerance {tol:.0e})")
-        result["reference_losses"] = ref
+        from ..train.precision import tolerances
+
+        same, f64, _ = tolerances(cfg)
+        refs = [("one process", cfg.with_(precision="fp64"), f64)]
+        if cfg.precision != "fp64":  # and one process computing as the grid does
+            refs.insert(0, (f"one process {cfg.precision}", cfg, same))
+        runs = [(name, train_reference(c, steps=start + len(losses), progress=progress)[0][start:], tol)
+                for name, c, tol in refs]
+        print(f"\n{'step':>5} {'this grid':>20}" + "".join(f" {name:>20}" for name, *_ in runs))
+        for i, a in enumerate(losses):
+            print(f"{start + i:>5} {a:>20.15f}" + "".join(f" {ref[i]:>20.15f}" for _, ref, _ in runs))
+        for name, ref, tol in runs:
+            err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+            ok = ok and err <= tol
+            print(f"max relative difference from {name}: {err:.1e} ({'ok' if err <= tol else 'FAIL'}, tolerance {tol:.0e})")
+        result["reference_losses"] = runs[-1][1]  # float64
+        if len(runs) > 1:
+            result["reference_losses_same_precision"] = runs[0][1]
     if args.trace:
         print(f"trace: {write_chrome_trace(args.trace, rec['trace'], lanes='comm')} (step {start + 1}; "
               f"lanes: compute and one per group: tp, cp, pp, dp, emb, ep; open in https://ui.perfetto.dev)")

@@ -15,9 +15,15 @@ import numpy as np
 from mpi4py import MPI
 
 from .base import Comm, message_size_error
-from ..xp import is_torch
+from ..xp import dtype_named, is_torch
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+
+
+def wire(x):
+    """What MPI is handed for ``x``: ``x`` itself, or for a dtype MPI has no datatype for (ml_dtypes'
+    bfloat16) a view of the same bytes as uint8. Point-to-point moves bytes: nothing is converted."""
+    return x.view(np.uint8) if x.dtype.kind == "V" else x
 
 
 def mpi_op(op: str):
@@ -62,22 +68,22 @@ class MPIComm(Comm):
         return err
 
     def _send(self, x, dst, tag):
-        self.mpi.Ssend(x, dst, tag)
+        self.mpi.Ssend(wire(x), dst, tag)
 
     def _recv(self, buf, src, tag):
         status = MPI.Status()
         try:
-            self.mpi.Recv(buf, src, tag, status)
+            self.mpi.Recv(wire(buf), src, tag, status)
         except MPI.Exception as err:
             raise self._truncated("recv", src, buf, err) from None
         return self._checked("recv", src, buf, status)
 
     def _isend(self, x, dst, tag):
-        req = self.mpi.Issend(x, dst, tag)
+        req = self.mpi.Issend(wire(x), dst, tag)
         return req.Wait, req.Test
 
     def _irecv(self, buf, src, tag):
-        req, status = self.mpi.Irecv(buf, src, tag), MPI.Status()
+        req, status = self.mpi.Irecv(wire(buf), src, tag), MPI.Status()
 
         def complete(call):
             try:
@@ -93,7 +99,7 @@ class MPIComm(Comm):
     def _sendrecv(self, x, dst, buf, src, sendtag, recvtag):
         status = MPI.Status()
         try:
-            self.mpi.Sendrecv(x, dst, sendtag, buf, src, recvtag, status)
+            self.mpi.Sendrecv(wire(x), dst, sendtag, wire(buf), src, recvtag, status)
         except MPI.Exception as err:
             raise self._truncated("sendrecv", src, buf, err) from None
         return self._checked("sendrecv", src, buf, status)
@@ -106,7 +112,7 @@ class MPIComm(Comm):
         return None if sub == MPI.COMM_NULL else MPIComm(sub, self.tracer, self.watchdog, name)
 
     def empty(self, shape, dtype="float64"):
-        return np.empty(shape, dtype=dtype)
+        return np.empty(shape, dtype=dtype_named(dtype))
 
     def asarray(self, a):
         return np.ascontiguousarray(a)

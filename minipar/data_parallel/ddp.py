@@ -50,7 +50,7 @@ class DDP(Engine):
         for i, units in enumerate(groups):
             flat = Flat([model.children()[u] for u in units], comm.size)
             init = flat.values(self.like, self.like.dtype)  # full-precision start for the master
-            P, G = flat.values(self.like, self.dtype), zeros((flat.n_pad,), like=self.like, dtype=self.dtype)
+            P, G = flat.values(self.like, self.dtype), zeros((flat.n_pad,), like=self.like, dtype=self.grad_dtype)
             flat.bind("params", P)
             flat.bind("grads", G)
             self.ledger.track("params", P, name="ddp.bucket params", label=str(i))  # (n_pad,) each, reused every step

@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import prod
 
 from ..memory import Ledger
-from ..mixed_precision import FlatAdam, astype, working_dtype
+from ..mixed_precision import MASTER, FlatAdam, astype, working_dtype
 from ..nn import mse_loss
 from ..optim import Adam
 from ..xp import chunk_bounds, itemsize, namespace, zeros
@@ -121,7 +121,12 @@ class Engine:
     stage = 0
 
     def __init__(self, comm, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 mixed=False, offload=False, loss=mse_loss):
+                 mixed=False, offload=False, loss=mse_loss, main_grad=False):
+        """``mixed``: False (everything in the parameters' dtype), True (a float16 working copy,
+        float32 master weights and Adam state) or the name of the working dtype ("bfloat16").
+        ``main_grad``: with ``mixed``, the gradients are kept in float32 (Megatron's main_grad:
+        every micro-batch's gradient is added into them, and they are averaged in float32) instead
+        of in the working dtype."""
         self.comm, self.model, self.loss = comm, model, loss
         self.layers = list(model.children().items())  # (name, module), run in this order
         self.units = [name for name, m in self.layers if m.num_params()]
@@ -131,6 +136,8 @@ class Engine:
         self.like = zeros((1,), like=next(p for _, p in model.named_parameters()))
         self.dtype = working_dtype(self.like, mixed)
         self.b_work = itemsize(zeros((1,), like=self.like, dtype=self.dtype))  # bytes per working param
+        self.grad_dtype = working_dtype(self.like, MASTER) if mixed and main_grad else self.dtype
+        self.b_grad = itemsize(zeros((1,), like=self.like, dtype=self.grad_dtype))
         self.adam = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, mixed=mixed, offload=offload)
         self.ledger = Ledger(comm.tracer.buffers)  # tracks the engine's arrays; names its buffers
         self.psi = model.num_params()
@@ -210,14 +217,24 @@ class Engine:
         """[(module, name, lo, hi, m, v)]: for each parameter this rank's optimizer updates (all of
         it, or with ZeRO a slice), the range [lo, hi) of the flattened parameter and views of
         Adam's m and v over it. Writing into m and v sets the state (resuming)."""
-        if self.adam["mixed"] or self.adam["offload"]:
-            raise ValueError("optimizer_pieces: only full-precision, on-device Adam state is exported")
+        return [(mod, name, lo, hi, opt.m[a:b], opt.v[a:b]) for mod, name, lo, hi, opt, a, b in self._pieces()]
+
+    def master_pieces(self):
+        """[(module, name, lo, hi, master)]: the same pieces of the float32 master weights (mixed
+        precision; empty without, the weights are their own master). Writing into them sets them."""
+        if not self.adam["mixed"]:
+            return []
+        return [(mod, name, lo, hi, opt.master[a:b]) for mod, name, lo, hi, opt, a, b in self._pieces()]
+
+    def _pieces(self):
+        if self.adam["offload"]:
+            raise ValueError("optimizer_pieces: only on-device Adam state is exported")
         out = []
         for flat, opt, (a, b) in self.optimizer_parts():
             for mod, name, _, s, e in flat.slots:
                 lo, hi = max(a, s), min(b, e)
                 if lo < hi:
-                    out.append((mod, name, lo - s, hi - s, opt.m[lo - a:hi - a], opt.v[lo - a:hi - a]))
+                    out.append((mod, name, lo - s, hi - s, opt, lo - a, hi - a))
         return out
 
     @property
@@ -234,7 +251,7 @@ class Engine:
         """(working param bytes, grad bytes, optimizer K) as this engine stores them."""
         state = 4 if self.adam["mixed"] else itemsize(self.like)
         master = self.adam["mixed"] or self.adam["offload"]  # offloaded: the host keeps its own copy of the weights
-        return self.b_work, self.b_work, (3 if master else 2) * state
+        return self.b_work, self.b_grad, (3 if master else 2) * state
 
     def measured_memory(self):
         return self.ledger.report()

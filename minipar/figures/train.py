@@ -19,6 +19,9 @@ replicas, tied copies) and ``minipar.train.accounting`` (the formulas). From tho
                                   lanes per rank (its bytes per group checked against the formula)
     train_tokens_per_s.png        tokens/s per grid from ``minipar bench train`` (its JSON,
                                   train_bench.json beside the figures)
+    train_precision_curves.png    dp2 pp2 tp2 at fp64, fp32, bf16 and fp16 over one process at each
+                                  (:func:`precision_runs`; checked: every step's loss to u against
+                                  one process at the same precision)
 
 With a checkpoint directory the run also decodes greedily from the 3D grid's checkpoint at TP = 1
 and 2 (identical tokens). ``--quick`` (the tour): the dp2 pp2 tp2 grid alone, three steps on
@@ -201,6 +204,69 @@ MODES = ("none", "selective", "full")
 PROMPTS = ["3142>", "9075>", "8261>"]
 
 
+PRECISIONS = ("fp64", "fp32", "bf16", "fp16")
+PRECISION_COLORS = {"fp64": "#222222", "fp32": "#4C72B0", "bf16": "#DD8452", "fp16": "#55A868"}
+
+
+def precision_runs(comm, steps=12, grid=(2, 2, 2, "1f1b", False), data="sorting"):
+    """Rank side: the grid ``grid`` trained ``steps`` steps at every precision, each checked
+    against one process at the same precision (every step's loss, the tolerance of
+    ``train.precision.tolerances``; tests/test_train_precision.py checks the rest). Returns
+    {"rows"} and on world rank 0 also "curves" {precision: (grid losses, one-process losses)}."""
+    from ..lessons.common import rel_error
+    from ..train.precision import tolerances
+    from ..train.trainer import train, train_reference
+
+    dp, pp, tp, schedule, sp = grid
+    rows, curves = [], {}
+    for p in PRECISIONS:
+        cfg = grid_config(dp, pp, tp, schedule, sp, steps, data=data).with_(precision=p)
+        ref, _ = train_reference(cfg)
+        sub = first_ranks(comm, dp * pp * tp, f"precision-{p}")
+        if sub is not None:
+            _, losses, _ = train(sub, cfg)
+            curves[p] = (losses, ref)
+            rows.append(row(f"{label(cfg)}: losses of {steps} steps = one process at {p}",
+                            rel_error(np.array(losses), np.array(ref)), tolerances(cfg)[0]))
+        wait_politely(comm)
+    out = {"rows": rows}
+    if comm.rank == 0:
+        out["curves"] = curves
+    return out
+
+
+def plot_precision(data, path):
+    """Loss per step at each precision, the grid over one process at the same precision; below,
+    each one's relative difference from one float64 process, with the tolerance 2u."""
+    from ..train.precision import UNIT_ROUNDOFF
+
+    plt = pyplot()
+    curves = data["curves"]
+    f64 = np.array(curves["fp64"][1])
+    steps = np.arange(1, len(f64) + 1)
+    fig, (ax, dx) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    for p, (grid, one) in curves.items():
+        c = PRECISION_COLORS[p]
+        ax.plot(steps, one, "-", color=c, lw=5, alpha=0.25)
+        ax.plot(steps, grid, "o", color=c, ms=4, label=f"{p}: dp2 pp2 tp2 (dots) over one process (band)")
+        err = np.abs(np.array(grid) - f64) / np.abs(f64)
+        dx.semilogy(steps, np.maximum(err, 1e-17), "o-", color=c, ms=4, lw=0.8, label=p)
+        if p in ("bf16", "fp16"):
+            dx.axhline(2 * UNIT_ROUNDOFF[p], color=c, ls="--", lw=1)
+            dx.text(steps[-1], 2 * UNIT_ROUNDOFF[p], f" 2u ({p})", color=c, fontsize=7, va="bottom", ha="right")
+    ax.set_ylabel("loss (global batch, the sorting task)")
+    ax.legend(fontsize=7)
+    dx.set_ylabel("relative difference\nfrom one float64 process")
+    dx.set_xlabel("step")
+    dx.set_xticks(steps)
+    dx.set_ylim(5e-18, 1)
+    dx.legend(fontsize=7, loc="lower right", ncol=4)
+    fig.suptitle("Mixed precision on dp2 pp2 tp2: 16-bit weights and activations, float32 gradients and master "
+                 "weights\n(each precision equals one process computing the same way; the 16-bit ones stay within "
+                 f"2u of float64 over these {len(steps)} steps)", fontsize=10)
+    return save(fig, path, tight=True)
+
+
 def grid_config(dp, pp, tp, schedule="1f1b", sp=False, steps=5, batch=16, model=None, data="sorting", lr=1e-2):
     """The lesson's configuration of a grid: the sorting task, m = pp micro-batches."""
     return make_config(model=model or MODEL, dp=dp, pp=pp, tp=tp, schedule=schedule, microbatches=pp,
@@ -343,6 +409,14 @@ def make(outdir, quick=False, backend="mpi", device=None, bench=None):
     j = lambda name: os.path.join(outdir, name)  # noqa: E731
     out = [plot_curves(data, j("train_loss_curves.png")), plot_memory(data, j("train_activation_memory.png")),
            plot_timeline(data, j("train_3d_step_timeline.png"))]
+    progress("dp2 pp2 tp2 at fp64, fp32, bf16 and fp16 against one process at each")
+    prows, pdata = summarize(launch(N, "minipar.figures.train:precision_runs", backend=backend, device=device,
+                                    quiet=True, job_timeout=3600.0, **(dict(steps=3, data="random") if quick else {})).results)
+    bad = [r for r in prows if not r["ok"]]
+    if bad:
+        print(format_rows(bad), flush=True)
+        raise RuntimeError(f"{len(bad)} of lesson 05's precision checks failed")
+    out.append(plot_precision(pdata, j("train_precision_curves.png")))
     bench = bench or next((p for p in (j("train_bench.json"), ROOT / "figures" / "train_bench.json")
                            if os.path.exists(p)), None)
     if bench:

@@ -158,7 +158,7 @@ def check_grids(comm, configs, steps=5, mutant=None):
             key += (cfg.dp, cfg.microbatches)
         if key not in refs:
             record, norms = [], []
-            refs[key] = train_reference(cfg, record=record, norms=norms) + (record, norms)
+            refs[key] = train_reference(cfg.with_(precision="fp64"), record=record, norms=norms) + (record, norms)
         sub = first_ranks(comm, ranks_of(cfg), f"cfg{i}")
         if sub is not None:
             with planted(mutant):

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ..xp import index_add, namespace, zeros
+from .functional import matmul
 from .layers import Module
 
 
@@ -106,13 +107,13 @@ class LMHead(Module):
 
     def forward(self, x):
         w = self.owner().params["wte"]  # (V, C)
-        return x @ namespace(w).matrix_transpose(w), {"x": x}  # (B, T, V)
+        return matmul(x, namespace(w).matrix_transpose(w)), {"x": x}  # (B, T, V)
 
     def backward_input(self, dlogits, ctx):
-        return dlogits @ self.owner().params["wte"]  # (B, T, C)
+        return matmul(dlogits, self.owner().params["wte"])  # (B, T, C)
 
     def backward_weight(self, dlogits, ctx):
         xp = namespace(dlogits)
         g = self.owner().grads["wte"]  # (V, C)
         V, C = g.shape
-        g += xp.matrix_transpose(xp.reshape(dlogits, (-1, V))) @ xp.reshape(ctx["x"], (-1, C))
+        g += matmul(xp.matrix_transpose(xp.reshape(dlogits, (-1, V))), xp.reshape(ctx["x"], (-1, C)))

@@ -15,7 +15,20 @@ from __future__ import annotations
 
 import math
 
-from ..xp import device, namespace, size
+import numpy as np
+
+from ..xp import device, is_torch, namespace, size
+
+
+def matmul(a, b):
+    """a @ b, as a tensor core computes 16-bit matmuls: 16-bit inputs, float32 sums, a 16-bit
+    output. NumPy has no BLAS for float16 (its own loop runs ~35x slower than float32 here), so
+    NumPy float16 operands are multiplied by float32 BLAS and the product rounded to float16.
+    Everything else (torch, whose 16-bit kernels do this already; ml_dtypes' bfloat16, whose
+    matmul sums and returns float32): a @ b."""
+    if not is_torch(a) and a.dtype == np.float16:
+        return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    return a @ b
 
 # --------------------------------------------------------------------------- linear
 
@@ -25,7 +38,7 @@ def linear_forward(x, w, b=None):
 
     Saved for backward: ctx = (x, w, has_bias). x is needed for dw, w for dx.
     """
-    y = x @ w  # (..., d_out)
+    y = matmul(x, w)  # (..., d_out)
     if b is not None:
         y = y + b
     return y, (x, w, b is not None)
@@ -34,7 +47,7 @@ def linear_forward(x, w, b=None):
 def linear_backward_input(dy, ctx):
     """dx = dy @ w.T: the part of the backward that the previous layer is waiting for."""
     _, w, _ = ctx
-    return dy @ namespace(w).matrix_transpose(w)  # (..., d_in)
+    return matmul(dy, namespace(w).matrix_transpose(w))  # (..., d_in)
 
 
 def linear_backward_weight(dy, ctx):
@@ -46,7 +59,7 @@ def linear_backward_weight(dy, ctx):
     xp = namespace(dy)
     x2 = xp.reshape(x, (-1, w.shape[0]))  # (N, d_in), N = product of leading dims
     dy2 = xp.reshape(dy, (-1, w.shape[1]))  # (N, d_out)
-    dw = xp.matrix_transpose(x2) @ dy2  # (d_in, d_out)
+    dw = matmul(xp.matrix_transpose(x2), dy2)  # (d_in, d_out)
     db = xp.sum(dy2, axis=0) if has_bias else None  # (d_out,)
     return dw, db
 
@@ -152,7 +165,7 @@ def attention_probs(q, k, scale, causal=True):
     positions (a rank that owns a slice of the queries passes the keys up to its last query).
     """
     xp = namespace(q)
-    att = (q @ xp.matrix_transpose(k)) * scale  # (B, nh, Tq, Tk)
+    att = matmul(q, xp.matrix_transpose(k)) * scale  # (B, nh, Tq, Tk)
     if causal:
         Tq, Tk = q.shape[-2], k.shape[-2]
         i = xp.arange(Tq, device=device(q)) + (Tk - Tq)  # each query's position among the keys
@@ -174,7 +187,7 @@ def attention_forward(q, k, v, causal=True):
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     p = attention_probs(q, k, scale, causal)  # (B, nh, T, T)
-    return p @ v, (q, k, v, p, scale)  # (B, nh, T, hs)
+    return matmul(p, v), (q, k, v, p, scale)  # (B, nh, T, hs)
 
 
 def drop_probs(ctx):
@@ -194,11 +207,11 @@ def attention_backward(dout, ctx):
     xp = namespace(dout)
     if p is None:
         p = attention_probs(q, k, scale, causal=True)  # (B, nh, T, T) recomputed
-    dv = xp.matrix_transpose(p) @ dout  # (B, nh, T, hs)
-    dp = dout @ xp.matrix_transpose(v)  # (B, nh, T, T)
+    dv = matmul(xp.matrix_transpose(p), dout)  # (B, nh, T, hs)
+    dp = matmul(dout, xp.matrix_transpose(v))  # (B, nh, T, T)
     datt = softmax_backward(dp, (p, -1)) * scale  # (B, nh, T, T); (p, -1) is the softmax's ctx
-    dq = datt @ k  # (B, nh, T, hs)
-    dk = xp.matrix_transpose(datt) @ q  # (B, nh, T, hs)
+    dq = matmul(datt, k)  # (B, nh, T, hs)
+    dk = matmul(xp.matrix_transpose(datt), q)  # (B, nh, T, hs)
     return dq, dk, dv
 
 

@@ -11,6 +11,8 @@
     trainer.py    the step composing TP layers, CP attention, experts, the pipeline executor and
                   the DP/ZeRO engine; the one-process reference
     experts.py    the mixture-of-experts bookkeeping: expert units, what the MoE layers report
+    precision.py  mixed precision: which dtype computes and which keeps, fp16's dynamic loss scale,
+                  the tolerances per precision
     checkpoint.py sharded checkpoints that reshard onto any grid: reading, checking, resuming
     saving.py     writing one: the folder's lock, a checksum per shard, renames a kill survives
     generate.py   greedy decoding with a KV cache on a TP group

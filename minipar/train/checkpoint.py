@@ -15,7 +15,9 @@ Layout of ``ckpt/``::
 What each rank writes: its tensor-parallel shard of every parameter (DP replica 0 and CP rank
 0 only: the other replicas hold the same numbers), and Adam's m and v for the part of each
 parameter its optimizer updates (all of it; with ZeRO-1 a range of the flattened shard, every
-rank of the dp x cp group its own). Experts are written by the rank that holds them, whatever
+rank of the dp x cp group its own); in mixed precision (bf16, fp16) also the float32 master
+weights of that part, cut the same way ("master"). The index keeps the precision, the clip, and
+fp16's loss-scale state (the scale, the clean steps since it last changed). Experts are written by the rank that holds them, whatever
 its DP coordinate. A piece is described by the TP rank and size it was cut for and its flat
 range: nothing in it depends on dp, cp or the expert placement, so any grid can load it.
 
@@ -128,7 +130,7 @@ def load_full(directory):
 
     path, index = read_index(directory)  # every file checked against its checksum
     handles = {}
-    out = {"param": {}, "m": {}, "v": {}}
+    out = {"param": {}, "m": {}, "v": {}, "master": {}}
     for tensor, pieces in index["tensors"].items():
         for kind in out:
             mine = [pc for pc in pieces if pc["kind"] == kind]
@@ -160,28 +162,34 @@ def load_full(directory):
 
 
 def dense_model(index, full, seed=0):
-    """The dense GPT of the checkpoint's model holding its parameters; a tensor whose shape is
-    not that model's is named."""
+    """The dense GPT of the checkpoint's model holding its parameters (mixed precision: the
+    float32 master weights, whose rounding is the 16-bit copy); a tensor whose shape is not that
+    model's is named."""
     dense = GPT(GPTConfig(**index["model"]), seed)
+    weights = full.get("master") or full["param"]
     for n, a in dense.named_parameters():
-        if n not in full["param"]:
+        if n not in weights:
             raise UsageError(f"{n}: not in the checkpoint, though its model has it")
-        if full["param"][n].shape != a.shape:
-            raise UsageError(f"{n}: the checkpoint holds shape {full['param'][n].shape}, its model {a.shape} "
+        if weights[n].shape != a.shape:
+            raise UsageError(f"{n}: the checkpoint holds shape {weights[n].shape}, its model {a.shape} "
                              f"(the index's model does not match its tensors)")
-        a[...] = full["param"][n]
+        a[...] = weights[n]
     return dense
 
 
 def resume(comm, cfg, directory):
     """A Trainer for ``cfg`` (any grid) holding the checkpoint's weights and Adam state, and the
-    step to continue from. The model and training settings come from the checkpoint."""
+    step to continue from. The model and training settings come from the checkpoint; the
+    precision is ``cfg``'s (the command line refuses another than the checkpoint's unless it is
+    said). Mixed precision: the master weights (from a full-precision checkpoint: its weights)
+    and fp16's loss-scale state; so the same precision on any grid continues the run bitwise
+    where the grid's sums are in the same order."""
     from ..xp import from_numpy
     from .trainer import Trainer
 
     index, full = load_full(directory)
-    cfg = cfg.with_(model=GPTConfig(**index["model"]), **{k: v for k, v in index["train"].items()
-                                                          if k in ("lr", "seed", "data", "data_seed", "batch")})
+    kept = ("lr", "seed", "data", "data_seed", "batch") + (("clip",) if cfg.clip is None else ())  # a clip said wins
+    cfg = cfg.with_(model=GPTConfig(**index["model"]), **{k: v for k, v in index["train"].items() if k in kept})
     tr = Trainer(comm, cfg, dense_model(index, full, cfg.seed))
     where = {}
     for st in tr.stages.values():
@@ -193,5 +201,12 @@ def resume(comm, cfg, directory):
                 whole = full[kind][dn]
                 piece = mod.shard(pname, whole) if hasattr(mod, "shard") else whole
                 dst[...] = from_numpy(np.ascontiguousarray(to_numpy(piece)).reshape(-1)[lo:hi], like=dst)
+        for mod, pname, lo, hi, master in e.master_pieces():
+            whole = (full["master"] or full["param"])[dense_name(where[id(mod)] + pname)]
+            piece = mod.shard(pname, whole) if hasattr(mod, "shard") else whole
+            master[...] = from_numpy(np.ascontiguousarray(to_numpy(piece)).reshape(-1)[lo:hi], like=master)
         e.steps = index["adam_steps"]
+    state = index.get("loss_scale")
+    if tr.scaler is not None and state:  # (a checkpoint of another precision has none: the scale starts afresh)
+        tr.scaler.scale, tr.scaler.good = state["scale"], state["good"]
     return tr, index["step"]

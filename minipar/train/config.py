@@ -17,9 +17,9 @@ from ..layout import Layout
 from ..nn.recompute import MODES as RECOMPUTE
 from .data import VOCAB, Data
 from .model import GPTConfig
+from .precision import COMPUTE, PRECISIONS, check_loss_scale, policy  # noqa: F401 (PRECISIONS re-exported)
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-DTYPES = ("float64", "float32")
 CP_ATTENTION = ("ring", "ulysses")
 # the documented model of ``minipar train`` and ``minipar bench train``: the sorting task, ~400k
 # parameters (docs/train.md)
@@ -31,7 +31,7 @@ class TrainConfig(Layout):
     model: GPTConfig = field(default_factory=GPTConfig)
     steps: int = 5
     batch: int = 16  # global batch, in samples of model.seq_len tokens
-    dtype: str = "float64"
+    precision: str = "fp64"  # fp64 | fp32 | bf16 | fp16 (minipar.train.precision)
     lr: float = 1e-3
     seed: int = 0  # the model's initial weights
     data: str = "random"  # "random" (checks) or "sorting" (the task)
@@ -39,9 +39,18 @@ class TrainConfig(Layout):
     cp_attention: str = "ring"  # the attention core over cp: "ring" or "ulysses"
     clip: float | None = None  # clip the gradients to this global L2 norm before Adam (None: no clipping)
     dropout: float = 0.0  # p of every dropout site (minipar.nn.dropout: the same masks on every grid)
+    loss_scale: str = "dynamic"  # fp16: "dynamic" (the only one it accepts) or "static"
+    initial_scale: float = 2.0**16  # fp16: the loss scale of the first step (torch.amp.GradScaler's default)
+    growth_interval: int = 2000  # fp16: clean steps in a row before the scale doubles
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype's name ("float64", "float32", "bfloat16", "float16"): the weights'
+        and the activations' (read only; ``precision`` says it)."""
+        return COMPUTE.get(self.precision, self.precision)
 
 
 def make_data(cfg: TrainConfig) -> Data:
@@ -72,8 +81,8 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
         raise UsageError(f"--clip={cfg.clip!r}: the largest global gradient norm, a number > 0")
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0 <= cfg.dropout < 1:
         raise UsageError(f"--dropout={cfg.dropout!r}: the probability of dropping an activation, in [0, 1)")
-    if cfg.dtype not in DTYPES:
-        raise UsageError(f"--dtype={cfg.dtype!r}: choose one of {', '.join(DTYPES)}")
+    policy(cfg.precision)  # a UsageError for an unknown one
+    check_loss_scale(cfg.precision, cfg.loss_scale, cfg.initial_scale, cfg.growth_interval)
     n = cfg.ranks
     if world is not None and n != world:
         cp = f" x cp={cfg.cp}" if cfg.cp > 1 else ""

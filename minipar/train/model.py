@@ -39,6 +39,7 @@ from ..nn import recompute as rc
 from ..tensor_parallel import ParallelBlock, SequenceParallelLayerNorm
 from ..tensor_parallel.vocab import (SequenceParallelPositionEmbedding, VocabParallelEmbedding,
                                      VocabParallelHead)
+from ..xp import namespace
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,19 @@ class GPTStage(nn.Module):
     logits (B, T, V/p). ``recompute`` applies to every block (``minipar.nn.recompute``).
     backward_input keeps each child's output gradient in ctx for backward_weight (the W of a
     zero-bubble schedule may run much later).
+
+    ``compute``: None, or a 16-bit dtype (mixed precision, ``minipar.train.precision``) to which
+    the stage rounds what it hands on: its output forward, its input gradient backward.
     """
+
+    compute = None
+
+    def _round(self, x):
+        """``x`` in the compute dtype (NumPy's bfloat16 ops return float32: the stage's output is
+        rounded once, here); unchanged outside mixed precision."""
+        if self.compute is None or x is None or x.dtype == self.compute:
+            return x
+        return namespace(x).astype(x, self.compute)
 
     def __init__(self, blocks: dict, embed=None, pos=None, ln_f=None, head=None, recompute="none"):
         super().__init__()
@@ -113,7 +126,7 @@ class GPTStage(nn.Module):
         if self.last:
             x, ctx["ln_f"] = self.ln_f.forward(x)
             x, ctx["head"] = self.head.forward(x)  # (B, T, V/p)
-        return x, ctx
+        return self._round(x), ctx
 
     def backward_input(self, dy, ctx):
         saved = ctx["dy"] = {}  # output gradient of every child, for backward_weight
@@ -129,7 +142,7 @@ class GPTStage(nn.Module):
             saved["pos"] = dy
             dy = saved["embed"] = self.pos.backward_input(dy, ctx["pos"])
             dy = self.embed.backward_input(dy, ctx["embed"])  # None: ids have no gradient
-        return dy
+        return self._round(dy)
 
     def backward(self, dy, ctx):
         """dx, and every weight gradient: a fused B action, one child at a time, input then weight
@@ -146,7 +159,7 @@ class GPTStage(nn.Module):
         if self.first:
             dy = self.pos.backward(dy, ctx.pop("pos"))
             dy = self.embed.backward(dy, ctx.pop("embed"))  # None: ids have no gradient
-        return dy
+        return self._round(dy)
 
     def backward_weight(self, dy, ctx):
         saved = ctx.pop("dy")

@@ -49,6 +49,15 @@ Dropout (``dropout``), whose masks must be one process's on every grid:
                            micro-batch the generator is at now (the last F's), not its own F's:
                            torch.utils.checkpoint's preserve_rng_state guards this (losses)
 
+Mixed precision (``precision`` fp16), whose overflow must make every rank skip the step:
+
+    overflow_seen_locally  the found-inf flag is not all-reduced over the world: a rank skips a
+                           step only when its own gradients overflowed, its tp, pp and dp peers
+                           step ("every rank skipped", weights, replicas)
+    main_grad_16_bit       (bf16, fp16) the gradients accumulated and reduced in the 16-bit dtype,
+                           not float32: small micro-batch gradients round away (the gradient
+                           dtype, and the bytes per parameter against the planner's table)
+
 They patch the library inside the rank that runs them (tests and the lab's grader use them).
 """
 from __future__ import annotations
@@ -64,7 +73,7 @@ MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_a
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
            "experts_everywhere", "recompute_counted", "clip_replicated_per_tp", "clip_tied_twice",
            "clip_every_replica", "clip_skipped_on_one_rank", "dropout_shared_in_tp", "dropout_per_rank_seed",
-           "dropout_replay_redraws")
+           "dropout_replay_redraws", "overflow_seen_locally", "main_grad_16_bit")
 
 
 @contextlib.contextmanager
@@ -158,6 +167,15 @@ def planted(name):
     elif name == "dropout_replay_redraws":
         original = trainer.Trainer.before
         patch(trainer.Trainer, "before", lambda self, action: original(self, action) if action.kind == "F" else None)
+    elif name == "overflow_seen_locally":
+        from .precision import nonfinite
+
+        patch(trainer.Trainer, "found_inf", lambda self: nonfinite(self.grads()))
+    elif name == "main_grad_16_bit":
+        from ..data_parallel import engine
+
+        init = engine.Engine.__init__
+        patch(engine.Engine, "__init__", lambda self, *a, main_grad=False, **kw: init(self, *a, main_grad=False, **kw))
     try:
         yield
     finally:

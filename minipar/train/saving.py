@@ -162,7 +162,10 @@ def _save(trainer, directory, step, crash_before_commit):
         if skip_copy and qual == "head.wte":
             return
         key = f"{kind}/{dn}" + (f"@{rng[0]}" if rng else "")
-        arrays[key] = np.ascontiguousarray(to_numpy(a))
+        a = to_numpy(a)
+        if a.dtype.kind == "V":  # bfloat16 (ml_dtypes): safetensors' NumPy side has none; float32 holds it exactly
+            a = a.astype(np.float32)
+        arrays[key] = np.ascontiguousarray(a)
         pieces.append({"tensor": dn, "kind": kind, "file": fname, "key": key, "tp": [t, cfg.tp],
                        "cut": layout(mod, pname), "shard_shape": list(mod.params[pname].shape),
                        "range": list(rng) if rng else None})
@@ -179,6 +182,9 @@ def _save(trainer, directory, step, crash_before_commit):
                 qual = where[id(mod)] + pname
                 add("m", qual, mod, pname, m, (lo, hi))
                 add("v", qual, mod, pname, v, (lo, hi))
+        for mod, pname, lo, hi, master in e.master_pieces():  # mixed precision: the float32 weights Adam updates
+            if first or mine:
+                add("master", where[id(mod)] + pname, mod, pname, master, (lo, hi))
     data = serialize(arrays)
     write_synced(os.path.join(tmp, fname), data)
     digest = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -191,7 +197,9 @@ def _save(trainer, directory, step, crash_before_commit):
                 tensors.setdefault(pc["tensor"], []).append(pc)
         index = {"format": FORMAT, "step": step, "adam_steps": trainer.engines[0].steps,
                  "model": cfg.model.as_dict(), "grid": {"dp": cfg.dp, "pp": cfg.pp, "cp": cfg.cp, "tp": cfg.tp},
-                 "train": {k: getattr(cfg, k) for k in ("lr", "seed", "data", "data_seed", "batch", "dtype")},
+                 "train": {k: getattr(cfg, k) for k in ("lr", "seed", "data", "data_seed", "batch", "precision",
+                                                        "clip", "loss_scale", "initial_scale", "growth_interval")},
+                 "loss_scale": trainer.scaler.state() if trainer.scaler else None,
                  "files": files, "tensors": tensors}
         write_synced(os.path.join(tmp, "index.json"), json.dumps(index, indent=1).encode())
         sync_folder(tmp)

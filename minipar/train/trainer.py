@@ -25,7 +25,14 @@ A step, on every rank:
    already summed every replica's tokens into its gradient; it is divided by dp
    (``sync_experts``) and stepped alone. What the MoE layers report (aux loss, tokens per
    expert) is kept by ``train.experts.ExpertLog``;
-4. with ``clip``, before the Adam step: the global gradient norm, every parameter of the model
+4. mixed precision (``precision`` bf16 or fp16, ``minipar.train.precision``): the stages compute
+   in 16 bits, every micro-batch's weight gradient is added into float32 gradients (Megatron's
+   main_grad), and steps 3 and 5 (the sums over emb and dp x cp, the norm, Adam on float32 master
+   weights) run on those. With fp16 the loss gradient is multiplied by the loss scale; after
+   step 3, one all-reduce (max) over every rank of the world says whether any gradient anywhere
+   is inf or nan (``found_inf``): then every rank skips the step and halves the scale; else every
+   gradient is divided by the scale (exact: a power of 2) before 5 (``LossScaler``);
+5. with ``clip``, before the Adam step: the global gradient norm, every parameter of the model
    counted once (``clip_grads``: a TP shard on its rank, a parameter whole on every TP rank on
    TP rank 0, the tied embedding on the first stage, one DP replica's average or every ZeRO
    shard, each expert on its owner), one all-reduce of that sum of squares over all ranks, and
@@ -53,18 +60,20 @@ from ..collectives import all_reduce
 from ..context_parallel import SeqLayout
 from ..data_parallel import DDP
 from ..grid import Grid, axis_color
+from ..mixed_precision import FlatAdam
 from ..nn import Module, cross_entropy
 from ..nn.dropout import Draw
 from ..optim import Adam, clip_grad_norm, clip_scale
 from ..pipeline.execute import run_schedule
 from ..pipeline.schedules import make_schedule
 from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
-from ..xp import copy, namespace, storage
+from ..xp import copy, dtype_named, namespace, storage
 from ..zero import ZeRO1
-from .config import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
+from .config import CP_ATTENTION, PRECISIONS, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
 from .experts import ExpertLog, expert_totals, split_experts
 from .model import GPT, GPTConfig, build_stage, moe_layers, place_dropout  # noqa: F401 (GPTConfig re-exported)
-from .saving import owning
+from .precision import LossScaler, loss_in_master, nonfinite, policy
+from .saving import named_modules, owning
 from .saving import save as save_checkpoint
 
 
@@ -125,7 +134,8 @@ class Trainer:
         self.schedule = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
         S = self.schedule.total_stages
         dense = GPT(cfg.model, cfg.seed) if dense is None else dense
-        like = comm.asarray(np.zeros(1, dtype=cfg.dtype))
+        self.policy = pol = policy(cfg.precision)
+        like = comm.empty((1,), cfg.dtype)  # the compute dtype, on this backend
         # the positions of every sequence this rank holds: all, or my cp rank's zigzag chunks
         self.positions = SeqLayout(cfg.model.seq_len, cfg.cp).positions(g.cp_rank) if cfg.cp > 1 else None
         self.ep = None  # the expert-parallel group: my dp group, under a name of its own for the trace
@@ -141,12 +151,18 @@ class Trainer:
                                              cp=g.cp, cp_attention=cfg.cp_attention, ep=self.ep, draw=self.draw)
         for st in self.stages.values():
             st.to(like)
+            st.compute = like.dtype if pol.mixed else None  # 16 bits: round what the stage hands on
         units, tied, experts = engine_units(self.stages, split_tied=cfg.pp > 1)
         engine = ZeRO1 if cfg.zero == 1 else DDP
-        self.engines = [engine(g.dp_cp, units, lr=cfg.lr)] + ([engine(g.dp_cp, tied, lr=cfg.lr)] if tied else [])
+        # mixed: the 16-bit weights the stages hold, float32 master weights, Adam state and gradients
+        kw = dict(lr=cfg.lr, mixed=cfg.dtype if pol.mixed else False, main_grad=True)
+        self.engines = [engine(g.dp_cp, units, **kw)] + ([engine(g.dp_cp, tied, **kw)] if tied else [])
         if experts is not None:  # held by this rank alone (and its TP partners, which compute the same)
             alone = comm.split(comm.rank, key=0, name=f"experts(r{comm.rank})")
-            self.engines.append(engine(alone, experts, lr=cfg.lr))
+            self.engines.append(engine(alone, experts, **kw))
+        self.scaler = LossScaler(cfg.initial_scale, cfg.growth_interval) if pol.scaled else None
+        self.skipped = []  # fp16: the steps every rank skipped (an inf or nan somewhere)
+        self.scales = []  # fp16: the loss scale each step ran with
         self.experts = experts
         self.moe = ExpertLog(self.stages, cfg.microbatches)  # what the MoE layers report, per step
         self.first, self.last = 0 in self.stages, S - 1 in self.stages
@@ -162,8 +178,12 @@ class Trainer:
 
     # ----------------------------------------------------------------- one step
     def loss(self, logits, labels):
-        """The last stage's loss: the vocab-parallel cross-entropy over my TP group."""
-        return vocab_parallel_cross_entropy(self.grid.tp, logits, labels, self.vocab_start)
+        """The last stage's loss: the vocab-parallel cross-entropy over my TP group; in mixed
+        precision on float32 logits, its gradient times the loss scale (fp16) in 16 bits."""
+        def ce(z, y):
+            return vocab_parallel_cross_entropy(self.grid.tp, z, y, self.vocab_start)
+
+        return loss_in_master(ce, logits, labels, self.policy, self.scaler.scale if self.scaler else 1.0)
 
     def microbatches(self, step):
         """My DP replica's rows of the global batch, as m (inputs, labels) micro-batches; with
@@ -252,6 +272,26 @@ class Trainer:
             for _, g in st.named_grads():
                 g *= scale
 
+    def grads(self):
+        """Every gradient this rank steps with (its engines' float32 main_grad in mixed precision)."""
+        return [g for st in self.stages.values() for _, g in st.named_grads()]
+
+    def found_inf(self) -> bool:
+        """Whether any gradient of any rank is inf or nan: my flag, all-reduced (max) over the
+        whole world with minipar's ring. A tp, pp or ep peer's overflow never reaches my own
+        gradients, so a flag over my group alone would let some ranks step and others skip."""
+        mine = np.array([1.0 if nonfinite(self.grads()) else 0.0])
+        return float(all_reduce(self.comm, self.comm.asarray(mine), op="max")[0]) > 0
+
+    def unscale(self) -> bool:
+        """fp16: skip the step on every rank (and halve the scale) if ``found_inf``; else divide
+        every gradient by the scale. Returns whether to step."""
+        inf = self.found_inf()
+        if not inf:
+            self.scale_grads(1.0 / self.scaler.scale)  # exact: the scale is a power of 2
+        self.scaler.update(inf)
+        return not inf
+
     def clip_grads(self) -> float:
         """Clip by the global norm as ``torch.nn.utils.clip_grad_norm_(max_norm=cfg.clip)`` does in
         one process (``optim.clip_scale``); returns the norm before clipping."""
@@ -270,12 +310,17 @@ class Trainer:
         if self.draw is not None:
             self.draw.at(step=step)
         # pp: activations forward and gradients back between stages; tp, cp and ep inside them
+        if self.scaler is not None:
+            self.scales.append(self.scaler.scale)
         out = run_schedule(self.grid.pp, self.schedule, self.stages, xs, ys, loss=self.loss,
                            shape_of=self.activation_shape, dtype=self.cfg.dtype, after_action=self.sample,
                            before_action=self.before)
         self.sync_tied()  # emb: the tied embedding's gradient summed over the first and last stage
         self.sync_experts()  # nothing sent: an expert's gradient already holds every replica's tokens
         self.sync_dp()  # dp: the replicated gradients averaged over the dp x cp ranks
+        if self.scaler is not None and not self.unscale():  # all: an overflow anywhere, every rank skips
+            self.skipped.append(step)  # (and has no norm for it)
+            return out["loss"]
         if self.cfg.clip is not None:  # all: the global norm, each parameter counted once
             self.grad_norms.append(self.clip_grads())
         for e in self.engines:
@@ -331,7 +376,9 @@ def train(comm, cfg: TrainConfig, report=None, dense=None, trainer=None, start=0
             tr.history.append(experts)
             if report is not None and comm.rank == 0:
                 report(step, {"loss": losses[-1], "time": times[-1], "memory": [e[3] for e in everyone],
-                              "experts": experts, "grad_norm": tr.grad_norms[-1] if cfg.clip is not None else None})
+                              "experts": experts,
+                              "grad_norm": tr.grad_norms[-1] if cfg.clip is not None and step not in tr.skipped else None,
+                              "loss_scale": tr.scales[-1] if tr.scaler else None, "skipped": step in tr.skipped})
             if save and ((save_every and (step + 1) % save_every == 0) or step + 1 == cfg.steps):
                 save_checkpoint(tr, save, step + 1)
     return tr, losses, times
@@ -349,10 +396,16 @@ def global_loss(cfg, parts) -> float:
 # ------------------------------------------------------------------- the one-process reference
 
 
-def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, record=None, progress=None, norms=None):
-    """The dense GPT, one process, float64, the whole global batch per step, torch's Adam (and,
-    with ``cfg.clip``, torch's ``clip_grad_norm_`` before it; ``norms``: a list to which each
-    step's gradient norm before clipping is appended).
+def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, record=None, progress=None, norms=None,
+                    skipped=None):
+    """The dense GPT, one process, in ``cfg.precision`` (float64 by default), the whole global
+    batch per step, torch's Adam (and, with ``cfg.clip``, torch's ``clip_grad_norm_`` before it;
+    ``norms``: a list to which each step's gradient norm before clipping is appended).
+
+    Mixed precision (bf16, fp16) as on the grid (``minipar.train.precision``): 16-bit weights
+    and activations, float32 gradients, float32 master weights with Adam's state, the loss on
+    float32 logits; fp16 with the same dynamic loss scale (``skipped``: a list to which each
+    skipped step is appended).
 
     Returns (losses, {dense name: final parameter}). Every grid must reproduce both.
 
@@ -369,7 +422,17 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     if draw is not None:  # one process holds every row, position and column of every site
         place_dropout(model, draw, cfg.model.seq_len)
     data = make_data(cfg)
-    opt = Adam([p for _, p in model.named_parameters()], lr=cfg.lr)
+    pol = policy(cfg.precision)
+    if cfg.dtype != "float64":
+        model.to(np.zeros(1, dtype=dtype_named(cfg.dtype)))
+    if pol.mixed:  # 16-bit weights, float32 gradients and master weights (each parameter its own FlatAdam)
+        for _, m in named_modules(model):
+            m.grads = {k: np.zeros(g.shape, dtype=pol.master) for k, g in m.grads.items()}
+        model.compute = dtype_named(cfg.dtype)
+        opt = MasterAdam([p for _, p in model.named_parameters()], cfg.lr, cfg.dtype)
+    else:
+        opt = Adam([p for _, p in model.named_parameters()], lr=cfg.lr)
+    scaler = LossScaler(cfg.initial_scale, cfg.growth_interval) if pol.scaled else None
     moes = [(f"h.{name}.mlp", blk.mlp) for name, blk in model.blocks() if moe_layers(blk.mlp)]
     rows = np.arange(cfg.batch)
     if moes:
@@ -381,9 +444,12 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     for step in (progress or (lambda it, **_: it))(range(steps), desc="one-process reference", total=steps, unit="step"):
         if draw is not None:
             draw.at(step=step, rows=rows)  # the global row of each of the batch's rows, in their order here
-        loss, norm = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows], cfg.clip)
-        if norms is not None:
+        loss, norm, stepped = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows], cfg.clip,
+                                         pol, scaler)
+        if norms is not None and stepped:
             norms.append(norm)
+        if skipped is not None and not stepped:
+            skipped.append(step)
         aux = sum(moe.log[0][0] for _, moe in moes)
         losses.append(float(loss) + aux if moes else float(loss))
         if record is not None:
@@ -393,16 +459,42 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     return losses, {n: np.array(p) for n, p in model.named_parameters()}
 
 
-def dense_step(model, opt, ids, clip=None):
+class MasterAdam:
+    """One process's mixed-precision Adam: a ``FlatAdam`` per parameter (float32 master weights,
+    m and v), each step rounding the master into the 16-bit weight: what the grid's engines do on
+    their flat buffers, element by element."""
+
+    def __init__(self, params, lr, compute):
+        self.params = params
+        self.opts = [FlatAdam(p, p, lr=lr, mixed=compute) for p in params]
+
+    def step(self, grads):
+        for p, g, opt in zip(self.params, grads, self.opts):
+            opt.step(p, g)
+
+
+def dense_step(model, opt, ids, clip=None, pol=None, scaler=None):
     """One step of the dense GPT on token ids (B, T+1) in one process: forward, cross-entropy,
-    backward, [clipping by the global norm, as torch's ``clip_grad_norm_(max_norm=clip)``], Adam.
-    Returns (the loss, the gradient norm before clipping or None): the loss is the cross-entropy;
-    MoE aux losses are in the layers' logs."""
+    backward, [fp16: unscale, or skip on an overflow], [clipping by the global norm, as torch's
+    ``clip_grad_norm_(max_norm=clip)``], Adam. Returns (the loss, the gradient norm before
+    clipping or None, whether it stepped: fp16 skips a step with an overflow): the loss is the
+    cross-entropy; MoE aux losses are in the layers' logs."""
     model.zero_grad()
     logits, ctx = model.forward(ids[:, :-1])  # (B, T, V)
-    loss, dlogits = cross_entropy(logits, ids[:, 1:])
+    if pol is None:
+        loss, dlogits = cross_entropy(logits, ids[:, 1:])
+    else:
+        loss, dlogits = loss_in_master(cross_entropy, logits, ids[:, 1:], pol, scaler.scale if scaler else 1.0)
     model.backward(dlogits, ctx)
     grads = [g for _, g in model.named_grads()]
+    if scaler is not None:
+        inf = nonfinite(grads)
+        if not inf:
+            for g in grads:
+                g *= 1.0 / scaler.scale
+        scaler.update(inf)
+        if inf:
+            return loss, None, False
     norm = clip_grad_norm(grads, clip) if clip is not None else None  # every parameter is here once
     opt.step(grads)
-    return loss, norm
+    return loss, norm, True

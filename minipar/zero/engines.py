@@ -78,7 +78,7 @@ class ZeRO1(Engine):
     def setup_grads(self):
         self.full_grads = {}
         for u, f in self.flats.items():
-            self.full_grads[u] = zeros((f.n_pad,), like=self.like, dtype=self.dtype)
+            self.full_grads[u] = zeros((f.n_pad,), like=self.like, dtype=self.grad_dtype)
             f.bind("grads", self.full_grads[u])
             self.ledger.track("grads", self.full_grads[u], name="zero.flat grads", label=u)
 
@@ -141,7 +141,7 @@ class ZeRO2(ZeRO1):
     def setup_grads(self):
         self.full_grads, self.grad_shards = {}, {}
         for u, f in self.flats.items():
-            self.grad_shards[u] = zeros((f.shard,), like=self.like, dtype=self.dtype)  # (S,) kept
+            self.grad_shards[u] = zeros((f.shard,), like=self.like, dtype=self.grad_dtype)  # (S,) kept
             self.ledger.track("grads", self.grad_shards[u], name="zero.grad shard", label=u)
             f.unbind("grads")
 
@@ -150,7 +150,7 @@ class ZeRO2(ZeRO1):
 
     def before_backward(self, name, ctx):
         if name in self.flats:  # a zero buffer for the layer to accumulate into
-            self.full_grads[name] = zeros((self.flats[name].n_pad,), like=self.like, dtype=self.dtype)
+            self.full_grads[name] = zeros((self.flats[name].n_pad,), like=self.like, dtype=self.grad_dtype)
             self.flats[name].bind("grads", self.full_grads[name])
             self.ledger.track("grads", self.full_grads[name], name="zero.unit grad", label=name)  # new every backward
         return ctx
