@@ -187,3 +187,25 @@ def test_mistaken_arguments_are_refused_before_any_rank_starts():
         feel(pairs=[("ddp", "nvlnk")])
     with pytest.raises(ValueError, match="n=12 ranks must fit one node of per_node=8 or fill whole nodes"):
         hierarchical_time(1 << 20, 12, 8, (1e-6, 1e-10), (1e-5, 1e-9))
+
+
+DECODE_MISTAKES = ["compute-bound arithmetic", "every rank reading all the weights", "an all-reduce of the whole weight",
+                   "memory time + compute time", "the memory time only", "no all-reduce", "one all-reduce per layer"]
+
+
+@pytest.mark.parametrize("key", DECODE_MISTAKES)
+def test_every_decode_mistake_is_caught_and_named(key):
+    cases = [tuple(c[1:]) for c in lab07.DECODE_CASES]
+    table = answers(cases, lab07.decode_mistakes, key, lab07.token_seconds_of_case)
+    assert table, f"no case tells {key!r} from the answer"
+    right = {c: lab07.token_seconds_of_case(*c) for c in cases}
+    fails = lab07.check_decode_time(None, lambda W, L, h, t, B, bw, peak, a, b, w: wrong_from(table, right)(
+        W, L, h, t, B, (bw, peak, a, b), w))
+    assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
+
+
+def test_decode_time_refuses_the_planner():
+    from minipar.plan import inference
+
+    fails = lab07.check_decode_time(None, lambda *a: inference.token_seconds(*a))
+    assert "decode_time called minipar.plan.inference.token_seconds" in fails[0], fails

@@ -34,6 +34,7 @@ from ..plan.models import MLPS, MODELS, NORMS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
 from ..records import write_json
+from .inference import add_verbs as add_inference_verbs
 from .common import bounded, lesson_run_parser, output_path, positive_float, progress, ranks, run_and_report, with_example
 
 # The planner enumerates every split of the GPUs (and of the batch) into dp x tp x pp x ...: past
@@ -83,6 +84,8 @@ def add_verbs(verbs):
         formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_plan.add_arguments(h)
     h.set_defaults(func=cmd_bench_plan)
+
+    add_inference_verbs(verbs)  # ``minipar infer``, ``minipar bench inference`` (serving: minipar/cli/inference.py)
 
 
 def cmd_bench_plan(args) -> int:

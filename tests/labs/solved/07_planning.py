@@ -68,3 +68,11 @@ def choose_config(job, predict):
                     if best is None or (est.step_s, est.memory_bytes) < best_key:
                         best, best_key = dict(tp=tp, pp=pp, dp=dp, microbatch=mb, recompute=rec), (est.step_s, est.memory_bytes)
     return best
+
+
+def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, alpha, beta, dtype_bytes=2):
+    read = weight_bytes / t / bandwidth  # this rank's 1/t of the weights, from its own memory
+    compute = 2 * batch * (weight_bytes / dtype_bytes) / t / peak_flops  # a multiply-add per weight and sequence
+    n = batch * hidden * dtype_bytes  # the layer's output, summed over the t ranks
+    ring = 2 * (t - 1) * alpha + 2 * (t - 1) / t * n * beta
+    return max(read, compute) + 2 * layers * ring
