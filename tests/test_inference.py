@@ -74,7 +74,8 @@ def test_a_rank_holds_the_formulas_bytes_and_tp_decodes_the_same_tokens():
     from minipar import launch
     from minipar.bench.inference import gpt_config
 
-    one, two = (launch(n, "minipar.bench.inference:decode_rank", quiet=True, d=64, n_new=3).results[0] for n in (1, 2))
+    one, two = (launch(n, "minipar.bench.inference:decode_rank", quiet=True, d=64, n_new=3, stream_bytes=0).results[0]
+                for n in (1, 2))
     assert one["tokens"] == two["tokens"]
     m = minipar_gpt(gpt_config(64, 4 + 3 + 1))
     pos = m.seq * m.hidden * 8  # the position embedding: held, one row read per token

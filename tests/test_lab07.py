@@ -89,14 +89,21 @@ AR_MISTAKES = ["a flat ring across the nodes", "a flat ring on the intra-node li
                "each ring all-reduce as one pass"]
 
 
+def assert_named(key, cases, mistakes, reference, check, graded=lambda fn: fn):
+    """A function giving the mistake ``key``'s value wherever it differs from the answer (the
+    right one elsewhere), as the learner would call it (``graded`` adapts the case's arguments),
+    fails ``check`` with one message that names the mistake."""
+    table = answers(cases, mistakes, key, reference)
+    assert table, f"no case tells {key!r} from the answer"
+    right = {c: reference(*c) for c in cases}
+    fails = check(None, graded(wrong_from(table, right)))
+    assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
+
+
 @pytest.mark.parametrize("key", AR_MISTAKES)
 def test_every_all_reduce_mistake_is_caught_and_named(key):
-    cases = [tuple(c[1:]) for c in lab07.AR_CASES]
-    table = answers(cases, lab07.all_reduce_mistakes, key, lab07.hierarchical_time)
-    assert table, f"no case tells {key!r} from the answer"
-    right = {c: lab07.hierarchical_time(*c) for c in cases}
-    fails = lab07.check_dp_all_reduce_time(None, wrong_from(table, right))
-    assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
+    assert_named(key, [tuple(c[1:]) for c in lab07.AR_CASES], lab07.all_reduce_mistakes, lab07.hierarchical_time,
+                 lab07.check_dp_all_reduce_time)
 
 
 def test_the_planner_is_refused_behind_a_wrapper_and_the_reference_is_not_watched():
@@ -195,13 +202,11 @@ DECODE_MISTAKES = ["compute-bound arithmetic", "every rank reading all the weigh
 
 @pytest.mark.parametrize("key", DECODE_MISTAKES)
 def test_every_decode_mistake_is_caught_and_named(key):
-    cases = [tuple(c[1:]) for c in lab07.DECODE_CASES]
-    table = answers(cases, lab07.decode_mistakes, key, lab07.token_seconds_of_case)
-    assert table, f"no case tells {key!r} from the answer"
-    right = {c: lab07.token_seconds_of_case(*c) for c in cases}
-    fails = lab07.check_decode_time(None, lambda W, L, h, t, B, bw, peak, a, b, w: wrong_from(table, right)(
-        W, L, h, t, B, (bw, peak, a, b), w))
-    assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
+    def graded(fn):  # the learner's arguments, the machine's four numbers apart
+        return lambda W, L, h, t, B, bw, peak, a, b, w: fn(W, L, h, t, B, (bw, peak, a, b), w)
+
+    assert_named(key, [tuple(c[1:]) for c in lab07.DECODE_CASES], lab07.decode_mistakes, lab07.token_seconds_of_case,
+                 lab07.check_decode_time, graded)
 
 
 def test_decode_time_refuses_the_planner():

@@ -9,7 +9,9 @@ One run measures, on this machine, one BLAS thread per rank:
   STREAM-like ``c = a + b`` over arrays far larger than the last-level cache, ping-pong alpha
   and beta): the bandwidth one process gets alone, and each of two reading together;
 - lesson 05's greedy generation with a KV cache (``train.generate``) of a random GPT of width
-  d (8 layers, 8 heads, float64) at TP = 1 and 2, each in its own job: the prompt's prefill,
+  d (8 layers, 8 heads, float64) at TP = 1 and 2, each in its own job: first the STREAM rate
+  of its ranks reading at once (the prediction's bandwidth: measured beside the decoding, under
+  the same load), then the prompt's prefill,
   then seconds per new token (the slowest rank's), the weight bytes each rank holds (counted
   from its arrays) and reads per token, and the weight-read bandwidth that implies;
 - the batch: decode steps of B sequences at TP = 1 on one DRAM-bound width, and a prefill of
@@ -62,10 +64,14 @@ def _slowest(comm, x):
     return max(comm.builtin.allgather_object(float(x)))
 
 
-def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0):
-    """Rank side: prefill seconds, seconds per new token (slowest rank), bytes held, at width d."""
+def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0, stream_bytes=STREAM_BYTES):
+    """Rank side: the STREAM bandwidth of every rank reading at once (the slowest rank's), then
+    prefill seconds, seconds per new token (slowest rank) and bytes held, at width d."""
+    from ..plan.machine import memory_rate
     from ..train.generate import forward_cached, generate, greedy_token
 
+    comm.barrier()
+    stream = min(comm.builtin.allgather_object(memory_rate(stream_bytes, 3))) if stream_bytes else None
     cfg = gpt_config(d, seq_len=prompt + n_new + 1)
     model = build(comm, cfg, seed)
     ids = np.random.default_rng(seed).integers(0, cfg.vocab, (batch, prompt))
@@ -78,7 +84,7 @@ def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0):
     out, per_token = generate(comm, model, ids, n_new)
     return {"d": d, "tp": comm.size, "batch": batch, "prompt": prompt, "n_new": n_new,
             "prefill_s": _slowest(comm, pre), "token_s": _slowest(comm, per_token),
-            "held_bytes": held_bytes(model), "tokens": out.tolist()[0][-3:]}
+            "held_bytes": held_bytes(model), "tokens": out.tolist()[0][-3:], "stream_now": stream}
 
 
 def batch_rank(comm, d, batches, prompt=4, n_new=5, prefill_tokens=(16, 64), seed=0):
@@ -124,7 +130,9 @@ def hardware(one, two):
 
 
 def predict_row(r, hw, bandwidth):
-    """``plan.inference``'s decode step and prefill for a measured row, on ``bandwidth`` per rank."""
+    """``plan.inference``'s decode step and prefill for a measured row, on ``bandwidth`` per rank
+    (the STREAM rate the row's own ranks measured just before decoding, when they did)."""
+    bandwidth = r.get("stream_now") or bandwidth
     from ..plan.inference import decode_step, prefill, weight_bytes
     from ..plan.models import minipar_gpt
 
@@ -189,3 +197,22 @@ def run(args, progress=lambda xs, **_: xs) -> int:
     if args.json:
         write_json(args.json, rec)
     return 0
+
+
+def markdown(rec) -> str:
+    """The record's tables as docs/inference.md shows them: decode per width and TP, then the batch."""
+    out = ["| d | weights per rank | TP | ms per token | predicted | error | weight GB/s read per rank | STREAM GB/s per rank | prefill ms (4 tokens) |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rec["rows"], key=lambda r: (r["d"], r["tp"])):
+        out.append(f"| {r['d']} | {r['held_bytes'] / 1e6:.1f} MB | {r['tp']} | {r['token_s'] * 1e3:.2f} | "
+                   f"{r['predicted_token_s'] * 1e3:.2f} | {r['predicted_token_s'] / r['token_s'] - 1:+.0%} | "
+                   f"{r['achieved_bandwidth'] / 1e9:.2f} | {r['stream_bandwidth'] / 1e9:.2f} | {r['prefill_s'] * 1e3:.1f} |")
+    b = rec["batch"]
+    out += ["", f"Batch at d = {b['d']}, TP = 1 (roofline B* = {b['critical_batch']:.1f}):", "",
+            "| B | ms per decode step | predicted | ms per generated token (step / B) |", "|---:|---:|---:|---:|"]
+    for k, s in sorted(b["step_s"].items(), key=lambda kv: int(kv[0])):
+        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_step_s'][k] * 1e3:.1f} | {s * 1e3 / int(k):.2f} |")
+    out += ["", "| prefill T tokens | ms | predicted | tokens/s |", "|---:|---:|---:|---:|"]
+    for k, s in sorted(b["prefill_s"].items(), key=lambda kv: int(kv[0])):
+        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_prefill_s'][k] * 1e3:.1f} | {int(k) / s:.0f} |")
+    return "\n".join(out)
