@@ -4,9 +4,9 @@
     minipar bench inference --json docs/inference.json     # remake the record they draw
 
 inference_latency.png   lesson 05's GPT decoding on this machine: ms per token against the width d,
-                        TP = 1 and 2, measured (solid) and predicted (dashed); beside it the weight
-                        bytes each rank read per second, against the STREAM bandwidth of 1 and of 2
-                        processes reading at once
+                        TP = 1 and 2, measured (solid), its CPU time (dotted) and predicted (dashed); beside it the weight
+                        bytes each rank read per second, against the STREAM bandwidth its job's
+                        ranks measured reading at once (1 or 2 processes)
 inference_roofline.png  the decode roofline: FLOP/s against FLOPs per byte read, min(peak,
                         bandwidth x intensity); this machine's measured decode steps at batch B and
                         prefills of T tokens, and the A100 and H100 presets with Llama 2 7B's
@@ -34,10 +34,13 @@ def latency(rec, path):
         line = ax.plot(ds, [r["token_s"] * 1e3 for r in rs], marker="o", label=f"TP = {tp}, measured")
         ax.plot(ds, [r["predicted_token_s"] * 1e3 for r in rs], ls="--", color=line[0].get_color(),
                 label=f"TP = {tp}, predicted (roofline + all-reduce)")
+        if all("token_cpu_s" in r for r in rs):
+            ax.plot(ds, [r["token_cpu_s"] * 1e3 for r in rs], ls=":", marker="^", color=line[0].get_color(),
+                    label=f"TP = {tp}, CPU time per token (the slowest rank's; waits for the scheduler excluded)")
         bx.plot(ds, [r["achieved_bandwidth"] / 1e9 for r in rs], marker="o", color=line[0].get_color(),
                 label=f"TP = {tp}: weight bytes read per rank / s")
-        bx.axhline(rs[0]["stream_bandwidth"] / 1e9, ls=":", color=line[0].get_color(),
-                   label=f"STREAM, {tp} process{'es' if tp > 1 else ''} reading (per process)")
+        bx.plot(ds, [r["stream_bandwidth"] / 1e9 for r in rs], ls=":", marker="x", color=line[0].get_color(),
+                label=f"STREAM in the same job, {tp} process{'es' if tp > 1 else ''} reading (per process)")
     for a in (ax, bx):
         a.set_xscale("log", base=2)
         a.set_xlabel(f"width d ({rec['layers']} layers, float64; weights 12 L d^2 x 8 bytes)")
@@ -45,9 +48,9 @@ def latency(rec, path):
         a.legend(fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("ms per new token (batch 1)")
-    ax.set_title("decode latency: TP wins once the weights come from DRAM", fontsize=9)
+    ax.set_title("decode latency against width: cache-resident (left) to DRAM-bound (right)", fontsize=9)
     bx.set_ylabel("GB/s per rank")
-    bx.set_title("weight-read bandwidth per rank: DRAM-bound widths approach STREAM", fontsize=9)
+    bx.set_title("weight bytes each rank reads per second, beside STREAM", fontsize=9)
     load = rec.get("load_average")
     fig.suptitle(f"lesson 05's GPT on this machine ({rec['cores']} cores, load average {load:.1f} when measured)"
                  if load is not None else "lesson 05's GPT on this machine", fontsize=10)
