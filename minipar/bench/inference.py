@@ -11,8 +11,9 @@ One run measures, on this machine, one BLAS thread per rank:
 - lesson 05's greedy generation with a KV cache (``train.generate``) of a random GPT of width
   d (8 layers, 8 heads, float64) at TP = 1 and 2, each in its own job: first the STREAM rate
   of its ranks reading at once (the prediction's bandwidth: measured beside the decoding, under
-  the same load), then the prompt's prefill, then seconds per new token (the median over the
-  tokens of the slowest rank's; its CPU seconds beside), the weight bytes each rank holds (counted
+  the same load), timed by the wall clock and by the CPU clock (only while the rank ran); then
+  the prompt's prefill, then seconds per new token (the median over the tokens of the slowest
+  rank's; its CPU seconds beside, predicted from the CPU-clock STREAM), the weight bytes each rank holds (counted
   from its arrays) and reads per token, and the weight-read bandwidth that implies;
 - the batch: decode steps of B sequences at TP = 1 on one DRAM-bound width, and a prefill of
   T prompt tokens: where a step stops costing the same whatever B (memory-bound) and grows
@@ -71,8 +72,11 @@ def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0, stream_bytes=STREA
     from ..plan.machine import memory_rate
     from ..train.generate import forward_cached, generate, greedy_token
 
-    comm.barrier()
-    stream = min(comm.builtin.allgather_object(memory_rate(stream_bytes, 3))) if stream_bytes else None
+    def stream(clock):  # every rank reading at once, the slowest rank's rate
+        comm.barrier()
+        return min(comm.builtin.allgather_object(memory_rate(stream_bytes, 3, clock))) if stream_bytes else None
+
+    stream_wall, stream_cpu = stream(time.perf_counter), stream(time.process_time)
     cfg = gpt_config(d, seq_len=prompt + n_new + 1)
     model = build(comm, cfg, seed)
     ids = np.random.default_rng(seed).integers(0, cfg.vocab, (batch, prompt))
@@ -89,7 +93,8 @@ def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0, stream_bytes=STREA
     return {"d": d, "tp": comm.size, "batch": batch, "prompt": prompt, "n_new": n_new,
             "prefill_s": _slowest(comm, pre), "token_s": float(np.median(wall)), "token_mean_s": _slowest(comm, per_token),
             "token_best_s": float(wall.min()), "token_cpu_s": float(np.median(cpu)),
-            "held_bytes": held_bytes(model), "tokens": out.tolist()[0][-3:], "stream_now": stream}
+            "held_bytes": held_bytes(model), "tokens": out.tolist()[0][-3:], "stream_now": stream_wall,
+            "stream_cpu": stream_cpu}
 
 
 def batch_rank(comm, d, batches, prompt=4, n_new=5, prefill_tokens=(16, 64), seed=0):
@@ -145,7 +150,8 @@ def predict_row(r, hw, bandwidth):
     ctx = r["prompt"] + r["n_new"] // 2  # the middle of the generation
     st = decode_step(m, hw, r["tp"], r["batch"], ctx, bandwidth=bandwidth)
     read = weight_bytes(m, r["tp"], 8)
-    return dict(r, predicted_token_s=st.seconds, predicted_memory_s=st.memory_s, predicted_compute_s=st.compute_s,
+    cpu = decode_step(m, hw, r["tp"], r["batch"], ctx, bandwidth=r.get("stream_cpu") or bandwidth)
+    return dict(r, predicted_cpu_token_s=cpu.seconds, predicted_token_s=st.seconds, predicted_memory_s=st.memory_s, predicted_compute_s=st.compute_s,
                 predicted_comm_s=st.comm_s, read_bytes=read, formula_held_bytes=read + m.seq * m.hidden * 8,
                 achieved_bandwidth=read / r["token_s"], stream_bandwidth=bandwidth, bound=st.bound,
                 predicted_prefill_s=prefill(m, hw, r["tp"], r["batch"], r["prompt"], bandwidth=bandwidth).seconds)
@@ -212,13 +218,16 @@ def run(args, progress=lambda xs, **_: xs) -> int:
 
 def markdown(rec) -> str:
     """The record's tables as docs/inference.md shows them: decode per width and TP, then the batch."""
-    out = ["| d | weights per rank | TP | ms per token | CPU ms per token | predicted | error | weight GB/s read per rank "
-           "| STREAM GB/s per rank | prefill ms (4 tokens) |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| d | weights per rank | TP | ms per token | predicted | error | weight GB/s read per rank | STREAM GB/s per rank "
+           "| CPU ms per token | predicted from CPU STREAM | error | prefill ms (4 tokens) |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rec["rows"], key=lambda r: (r["d"], r["tp"])):
+        cpu = r.get("predicted_cpu_token_s")
         out.append(f"| {r['d']} | {r['held_bytes'] / 1e6:.1f} MB | {r['tp']} | {r['token_s'] * 1e3:.2f} | "
-                   f"{r['token_cpu_s'] * 1e3:.2f} | "
                    f"{r['predicted_token_s'] * 1e3:.2f} | {r['predicted_token_s'] / r['token_s'] - 1:+.0%} | "
-                   f"{r['achieved_bandwidth'] / 1e9:.2f} | {r['stream_bandwidth'] / 1e9:.2f} | {r['prefill_s'] * 1e3:.1f} |")
+                   f"{r['achieved_bandwidth'] / 1e9:.2f} | {r['stream_bandwidth'] / 1e9:.2f} | {r['token_cpu_s'] * 1e3:.2f} | "
+                   + (f"{cpu * 1e3:.2f} | {cpu / r['token_cpu_s'] - 1:+.0%} | " if cpu else "| | ")
+                   + f"{r['prefill_s'] * 1e3:.1f} |")
     b = rec["batch"]
     out += ["", f"Batch at d = {b['d']}, TP = 1 (roofline B* = {b['critical_batch']:.1f}):", "",
             "| B | ms per decode step | predicted | ms per generated token (step / B) |", "|---:|---:|---:|---:|"]

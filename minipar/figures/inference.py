@@ -34,9 +34,15 @@ def latency(rec, path):
         line = ax.plot(ds, [r["token_s"] * 1e3 for r in rs], marker="o", label=f"TP = {tp}, measured")
         ax.plot(ds, [r["predicted_token_s"] * 1e3 for r in rs], ls="--", color=line[0].get_color(),
                 label=f"TP = {tp}, predicted (roofline + all-reduce)")
-        if all("token_cpu_s" in r for r in rs):
+        if all(r.get("predicted_cpu_token_s") for r in rs):  # the same, timed only while the ranks ran
             ax.plot(ds, [r["token_cpu_s"] * 1e3 for r in rs], ls=":", marker="^", color=line[0].get_color(),
-                    label=f"TP = {tp}, CPU time per token (the slowest rank's; waits for the scheduler excluded)")
+                    label=f"TP = {tp}, CPU time per token (waits for the scheduler excluded)")
+            ax.plot(ds, [r["predicted_cpu_token_s"] * 1e3 for r in rs], ls="-.", color=line[0].get_color(),
+                    label=f"TP = {tp}, predicted from the CPU-clock STREAM")
+            bx.plot(ds, [r["read_bytes"] / r["token_cpu_s"] / 1e9 for r in rs], marker="^", ls="-.",
+                    color=line[0].get_color(), label=f"TP = {tp}: the same per CPU second")
+            bx.plot(ds, [r["stream_cpu"] / 1e9 for r in rs], ls=":", marker="+", color=line[0].get_color(),
+                    label=f"STREAM per CPU second, {tp} process{'es' if tp > 1 else ''}")
         bx.plot(ds, [r["achieved_bandwidth"] / 1e9 for r in rs], marker="o", color=line[0].get_color(),
                 label=f"TP = {tp}: weight bytes read per rank / s")
         bx.plot(ds, [r["stream_bandwidth"] / 1e9 for r in rs], ls=":", marker="x", color=line[0].get_color(),
