@@ -28,7 +28,7 @@ tour: $(STAMP)
 	$(BIN)/minipar tour
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # the committed figures/, from real runs: about 11 minutes on 2 cores
 figures: $(STAMP)

@@ -232,7 +232,7 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
         try:
             with _held_signals():  # a signal while mpiexec starts waits until it can be stopped
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        bufsize=1, env=env, start_new_session=True)
+                                        bufsize=1, env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
                 reader = threading.Thread(target=pump, daemon=True)
                 reader.start()
                 watcher = threading.Thread(target=watch, daemon=True)
@@ -263,6 +263,36 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
 # ------------------------------------------------------------------ ending a job, and this process
 
 GRACE = 3.0  # seconds a stopped job has to end its ranks and remove its files before SIGKILL
+
+
+def _prctl():
+    """libc's ``prctl`` where there is one (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _dies_with(parent: int):
+    """What mpiexec's process runs before it starts (``preexec_fn``): if ``parent``, this process,
+    is killed outright (SIGKILL, the OOM killer), where no handler of ours runs and :func:`stop`
+    never comes, Linux sends mpiexec SIGTERM (``PR_SET_PDEATHSIG``), and mpiexec ends its ranks
+    and removes hydra's file as when stopped. Only the launch folder stays behind: only this
+    process knew it. Looked up here, in the parent: the child between fork and exec does little."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+
+    def arm():
+        prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the line above: nothing would send the signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def stop(proc, grace: float = GRACE) -> set:

@@ -2,6 +2,7 @@
 is reported by the watchdog, and every job leaves the temporary directory as it found it."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,6 +317,39 @@ def test_a_signal_ends_every_rank_and_leaves_nothing(argv, sig, private_tmp, tmp
             cmd.kill()
             cmd.wait()
         watch.clean()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_sigkill_to_the_command_still_ends_its_ranks(private_tmp, tmp_path):
+    """SIGKILL (or the OOM killer) runs no handler, so nothing of the command stops its job: mpiexec
+    is started with PR_SET_PDEATHSIG, and gets SIGTERM when the command dies. The ranks end and
+    hydra's file goes; only the command's own folders stay (the launch folder, the grader's copy),
+    since only the killed command knew them."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    mark = uuid.uuid4().hex
+    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark, "PYTHONPATH": os.environ["PYTHONPATH"]}
+    cmd = subprocess.Popen([sys.executable, "-m", "minipar", "check", "01", "--task", "1.1", "--file",
+                            str(tmp_path / "sleeper.py")], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.STDOUT, start_new_session=True)
+    watch = Watch(mark)
+    try:
+        deadline = time.monotonic() + 90
+        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
+            watch.poll()
+            time.sleep(0.05)
+        assert cmd.poll() is None and watch.files, "the job never started"
+        cmd.kill()  # SIGKILL to the command alone, not its group: mpiexec is in a session of its own anyway
+        assert cmd.wait(timeout=10) == -signal.SIGKILL
+        assert not watch.left(settle=15), f"left behind: {watch.left()}"
+    finally:
+        watch.clean()
+    left = sorted(private_tmp.iterdir())
+    assert {p.name.rsplit("-", 1)[0] for p in left} <= {"minipar-launch", "minipar-check"}, left
+    for p in left:
+        shutil.rmtree(p)
 
 
 SCRIPT = """

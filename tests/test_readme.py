@@ -28,6 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # ^...$ replaces a whole command, anything else the words it matches
 FAST = [
     (r"^minipar tour$", "minipar tour --only 01 -n 2"),  # every lesson: what `make tour` is for
+    (r"^minipar tour --no-figures$", "minipar tour --no-figures --only 01 -n 2"),
     (r"--steps 300", "--steps 2"),  # the checkpoint `generate` reads: an untrained one is enough to run
     (r"--steps 5", "--steps 1"),
     (r"--microbatches 8", "--microbatches 4"),

@@ -43,6 +43,8 @@ def add_verbs(top) -> Verbs:
                    help="torch backend: cuda when available (auto), or force cpu/cuda")
     t.add_argument("--out", default="tour-output", help="where the lesson figures go (default tour-output/)")
     t.add_argument("--only", help="run just this lesson (key or name)")
+    t.add_argument("--no-figures", dest="figures", action="store_false",
+                   help="run the checks only and draw nothing (about a third of the time)")
     t.set_defaults(func=cmd_tour)
 
     ls = top.add_parser("lessons", help="list the lessons", **with_example("minipar lessons"))
@@ -225,8 +227,10 @@ def cmd_tour(args) -> int:
     lessons = [lesson(args.only)] if args.only else LESSONS
     device = resolve_device(args.backend, args.device)
     where = f"{args.backend}" + (f" on {device}" if device else "")
-    os.makedirs(args.out, exist_ok=True)
-    print(f"minipar tour: {len(lessons)} lesson(s) on {args.n} ranks ({where}); figures go to {args.out}/", flush=True)
+    if args.figures:
+        os.makedirs(args.out, exist_ok=True)
+    print(f"minipar tour: {len(lessons)} lesson(s) on {args.n} ranks ({where}); "
+          + (f"figures go to {args.out}/" if args.figures else "checks only, no figures"), flush=True)
     table, figures, ok = [], [], True
     for i, ls in enumerate(progress(lessons, desc="tour", unit="lesson"), 1):
         print(f"[{i}/{len(lessons)}] {ls.key} {ls.name}: running on {args.n} ranks ...", flush=True)
@@ -238,8 +242,9 @@ def cmd_tour(args) -> int:
             rows = [{"what": "the lesson's run", "error": float("nan"), "tolerance": 0.0, "ok": False}]
             print(err.output[-3000:])
         ran = time.perf_counter() - t0
-        print(f"      checked {len(rows)} results in {ran:.1f} s; drawing figures ...", flush=True)
-        for module in ls.figures_modules:
+        print(f"      checked {len(rows)} results in {ran:.1f} s" + ("; drawing figures ..." if args.figures else ""),
+              flush=True)
+        for module in ls.figures_modules if args.figures else ():
             figures += importlib.import_module(module).make(args.out, quick=True, backend=args.backend, device=device)
         took = time.perf_counter() - t0
         for j, r in enumerate(rows):
@@ -253,10 +258,10 @@ def cmd_tour(args) -> int:
         check = f"{'ok  ' if r['ok'] else 'FAIL'} {r['error']:.1e} <= {r['tolerance']:.0e}"
         what = r["what"] if len(r["what"]) < w else r["what"][: w - 4] + "..."
         print(f"{name:<20}{what:<{w}}{check:<28}{'' if took is None else f'{took:6.1f}s':>7}")
-    print()
-    print("figures:")
-    for p in figures:
-        print(f"  {p}")
+    if figures:
+        print("\nfigures:")
+        for p in figures:
+            print(f"  {p}")
     print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
     return 0 if ok else 1
 
