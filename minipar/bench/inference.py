@@ -97,25 +97,32 @@ def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0, stream_bytes=STREA
             "stream_cpu": stream_cpu}
 
 
-def batch_rank(comm, d, batches, prompt=4, n_new=5, prefill_tokens=(16, 64), seed=0):
-    """Rank side (1 rank): a decode step of B sequences for each B; a prefill of T tokens for each T."""
+def batch_rank(comm, d, batches, prompt=4, n_new=5, prefill_tokens=(16, 64), seed=0, stream_bytes=STREAM_BYTES):
+    """Rank side (1 rank): a decode step of B sequences for each B, a prefill of T tokens for each T
+    (median wall and CPU seconds), and this rank's matmul rate and STREAM by the CPU clock (the
+    roofline of the CPU-clock view)."""
+    from ..plan.machine import matmul_rate, memory_rate
     from ..train.generate import forward_cached, generate
 
+    cpu_clock = {"peak_flops": matmul_rate(1024, "float64", 5, time.process_time),
+                 "bandwidth": memory_rate(stream_bytes, 3, time.process_time)}
     cfg = gpt_config(d, seq_len=max(prompt + n_new + 1, *prefill_tokens))
     model = build(comm, cfg, seed)
     rng = np.random.default_rng(seed)
-    steps = {}
+    steps, steps_cpu = {}, {}
     for b in batches:
-        _, per_token = generate(comm, model, rng.integers(0, cfg.vocab, (b, prompt)), n_new)
-        steps[b] = per_token
-    pre = {}
+        times = []
+        generate(comm, model, rng.integers(0, cfg.vocab, (b, prompt)), n_new, times=times)
+        steps[b], steps_cpu[b] = (float(np.median([t[i] for t in times])) for i in (0, 1))
+    pre, pre_cpu = {}, {}
     for t in prefill_tokens:
         ids = comm.asarray(rng.integers(0, cfg.vocab, (1, t)))
         forward_cached(model, ids, {}, 0)  # warm-up
-        t0 = time.perf_counter()
+        w, c = time.perf_counter(), time.process_time()
         forward_cached(model, ids, {}, 0)
-        pre[t] = time.perf_counter() - t0
-    return {"d": d, "step_s": steps, "prefill_s": pre}
+        pre[t], pre_cpu[t] = time.perf_counter() - w, time.process_time() - c
+    return {"d": d, "step_s": steps, "step_cpu_s": steps_cpu, "prefill_s": pre, "prefill_cpu_s": pre_cpu,
+            "cpu_clock": cpu_clock}
 
 
 def machine(n):
@@ -161,7 +168,7 @@ def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=
             progress=lambda xs, **_: xs):
     """Every measurement and prediction: {"machine", "rows", "batch", ...} (see the module docstring)."""
     from ..launcher import launch
-    from ..plan.inference import critical_batch, decode_step, prefill
+    from ..plan.inference import critical_batch, decode_step, prefill, with_bandwidth
     from ..plan.models import minipar_gpt
 
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -190,6 +197,10 @@ def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=
     b["predicted_step_s"] = {k: decode_step(m, hw, 1, k, 6, bandwidth=per_rank[1]).seconds for k in b["step_s"]}
     b["predicted_prefill_s"] = {k: prefill(m, hw, 1, 1, k, bandwidth=per_rank[1]).seconds for k in b["prefill_s"]}
     b["critical_batch"] = critical_batch(hw, 8, per_rank[1])
+    cpu_hw = with_bandwidth(hw, b["cpu_clock"]["bandwidth"], b["cpu_clock"]["peak_flops"])  # the CPU-clock view
+    b["predicted_step_cpu_s"] = {k: decode_step(m, cpu_hw, 1, k, 6).seconds for k in b["step_s"]}
+    b["predicted_prefill_cpu_s"] = {k: prefill(m, cpu_hw, 1, 1, k).seconds for k in b["prefill_s"]}
+    b["critical_batch_cpu"] = critical_batch(cpu_hw, 8)
     print(f"batch at d = {bw}, TP = 1: " + ", ".join(f"B={k}: {v * 1e3:.1f} ms" for k, v in b["step_s"].items())
           + f"; roofline B* = {b['critical_batch']:.1f}", flush=True)
     print("prefill: " + ", ".join(f"T={k}: {v * 1e3:.1f} ms ({k / v:.0f} tokens/s)" for k, v in b["prefill_s"].items()))
@@ -229,11 +240,19 @@ def markdown(rec) -> str:
                    + (f"{cpu * 1e3:.2f} | {cpu / r['token_cpu_s'] - 1:+.0%} | " if cpu else "| | ")
                    + f"{r['prefill_s'] * 1e3:.1f} |")
     b = rec["batch"]
-    out += ["", f"Batch at d = {b['d']}, TP = 1 (roofline B* = {b['critical_batch']:.1f}):", "",
-            "| B | ms per decode step | predicted | ms per generated token (step / B) |", "|---:|---:|---:|---:|"]
+    cpu = "step_cpu_s" in b
+    out += ["", f"Batch at d = {b['d']}, TP = 1 (roofline B* = {b['critical_batch']:.1f} by the wall clock"
+            + (f", {b['critical_batch_cpu']:.1f} by the CPU clock" if cpu else "") + "):", "",
+            "| B | ms per decode step | predicted | CPU ms per step | predicted (CPU clock) | CPU ms per generated token |",
+            "|---:|---:|---:|---:|---:|---:|"]
     for k, s in sorted(b["step_s"].items(), key=lambda kv: int(kv[0])):
-        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_step_s'][k] * 1e3:.1f} | {s * 1e3 / int(k):.2f} |")
-    out += ["", "| prefill T tokens | ms | predicted | tokens/s |", "|---:|---:|---:|---:|"]
+        c = b["step_cpu_s"][k] if cpu else None
+        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_step_s'][k] * 1e3:.1f} | "
+                   + (f"{c * 1e3:.1f} | {b['predicted_step_cpu_s'][k] * 1e3:.1f} | {c * 1e3 / int(k):.2f} |" if cpu else "| | |"))
+    out += ["", "| prefill T tokens | ms | predicted | CPU ms | predicted (CPU clock) | tokens per CPU second |",
+            "|---:|---:|---:|---:|---:|---:|"]
     for k, s in sorted(b["prefill_s"].items(), key=lambda kv: int(kv[0])):
-        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_prefill_s'][k] * 1e3:.1f} | {int(k) / s:.0f} |")
+        c = b["prefill_cpu_s"][k] if cpu else None
+        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_prefill_s'][k] * 1e3:.1f} | "
+                   + (f"{c * 1e3:.1f} | {b['predicted_prefill_cpu_s'][k] * 1e3:.1f} | {int(k) / c:.0f} |" if cpu else "| | |"))
     return "\n".join(out)

@@ -9,7 +9,8 @@ inference_latency.png   lesson 05's GPT decoding on this machine: ms per token a
                         ranks measured reading at once (1 or 2 processes)
 inference_roofline.png  the decode roofline: FLOP/s against FLOPs per byte read, min(peak,
                         bandwidth x intensity); this machine's measured decode steps at batch B and
-                        prefills of T tokens, and the A100 and H100 presets with Llama 2 7B's
+                        prefills of T tokens (by the CPU clock when recorded: on a shared machine the
+                        rates and times while the rank ran), and the A100 and H100 presets with Llama 2 7B's
                         decode at B = 1 ... 256 and a 128-token prefill, predicted
 
 Both draw from the recorded run ``docs/inference.json`` (or ``records``).
@@ -78,13 +79,17 @@ def roofline(rec, path):
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
     hw, b = rec["hardware"], rec["batch"]
-    bw = hw["bandwidth_per_rank"]["1"]
-    _roof(ax, hw["peak_flops"], bw, f"this machine, 1 rank: {hw['peak_flops'] / 1e9:.1f} GFLOP/s, {bw / 1e9:.1f} GB/s", "k")
+    cpu = "cpu_clock" in b  # the CPU-clock view: rates and times while the rank ran, load's waits excluded
+    peak, bw = (b["cpu_clock"]["peak_flops"], b["cpu_clock"]["bandwidth"]) if cpu else (hw["peak_flops"],
+                                                                                      hw["bandwidth_per_rank"]["1"])
+    clock = "CPU clock" if cpu else "wall clock"
+    _roof(ax, peak, bw, f"this machine, 1 rank ({clock}): {peak / 1e9:.1f} GFLOP/s, {bw / 1e9:.1f} GB/s", "k")
     from ..bench.inference import gpt_config
     from ..plan.models import minipar_gpt
 
     m = minipar_gpt(gpt_config(b["d"], 64))
-    for kind, runs, marker in (("decode, batch B", b["step_s"], "o"), ("prefill, T tokens", b["prefill_s"], "s")):
+    steps, pres = (b["step_cpu_s"], b["prefill_cpu_s"]) if cpu else (b["step_s"], b["prefill_s"])
+    for kind, runs, marker in (("decode, batch B", steps, "o"), ("prefill, T tokens", pres, "s")):
         pts = []
         for k, s in sorted(runs.items(), key=lambda kv: int(kv[0])):
             flops, nbytes = _work(m, kind, int(k))
@@ -93,7 +98,8 @@ def roofline(rec, path):
         for x, y, k in pts:
             ax.annotate(f"{'B' if kind.startswith('decode') else 'T'}={k}", (x, y), fontsize=6, xytext=(3, -8),
                         textcoords="offset points")
-    ax.set_title(f"this machine: lesson 05's GPT, d = {b['d']}, TP = 1, float64 (B* = {b['critical_batch']:.1f})", fontsize=9)
+    b_star = peak / bw * 8 / 2
+    ax.set_title(f"this machine: lesson 05's GPT, d = {b['d']}, TP = 1, float64, {clock} (B* = {b_star:.1f})", fontsize=9)
     for (name, color) in (("a100-80gb", "tab:blue"), ("h100-80gb", "tab:red")):
         g = preset(name)
         peak = g.peak_flops * g.matmul_fraction
