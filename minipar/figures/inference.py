@@ -58,9 +58,10 @@ def latency(rec, path):
     ax.set_title("decode latency against width: cache-resident (left) to DRAM-bound (right)", fontsize=9)
     bx.set_ylabel("GB/s per rank")
     bx.set_title("weight bytes each rank reads per second, beside STREAM", fontsize=9)
-    load = rec.get("load_average")
-    fig.suptitle(f"lesson 05's GPT on this machine ({rec['cores']} cores, load average {load:.1f} when measured)"
-                 if load is not None else "lesson 05's GPT on this machine", fontsize=10)
+    loads = [x for x in (rec.get("load_average_start"), rec.get("load_average")) if x is not None]
+    fig.suptitle(f"lesson 05's GPT on this machine ({rec['cores']} cores, load average "
+                 f"{' at the start, '.join(f'{x:.1f}' for x in loads)}{' at the end' if len(loads) > 1 else ''})",
+                 fontsize=10)
     return save(fig, path, tight=True)
 
 
