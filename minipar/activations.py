@@ -36,8 +36,11 @@ SCORES = {"minipar": ("attention probabilities p",),
           "megatron": ("softmax output", "attention dropout mask", "attention dropout output")}
 
 
-def minipar_block(b, s, h, f, a, t=1, cp=1, sp=False, e=8) -> dict:
-    """Bytes one block of lesson 05's GPT keeps per micro-batch, by tensor, on one rank."""
+def minipar_block(b, s, h, f, a, t=1, cp=1, sp=False, e=8, dropout=False, experts=False) -> dict:
+    """Bytes one block of lesson 05's GPT keeps per micro-batch, by tensor, on one rank; with
+    ``dropout`` also its keep masks (bools, 1 byte an element): after the attention and after the
+    MLP (outside the TP region), and in the MLP's hidden layer (inside it; a mixture of
+    ``experts`` has none)."""
     T = s / cp  # my positions of each sequence
     Ts = T / np.where(sp, t, 1)  # ... outside the TP region
     cp_core = np.asarray(cp) > 1
@@ -52,7 +55,8 @@ def minipar_block(b, s, h, f, a, t=1, cp=1, sp=False, e=8) -> dict:
         "fc1 input (ln2 output; SP: all-gathered)": e * b * T * h,
         "GeLU input, tanh": 2 * e * b * T * f / t,
         "fc2 input (GeLU output)": e * b * T * f / t,
-    }
+    } | ({"dropout masks after attention and after the MLP": 2 * b * Ts * h} if dropout else {}) \
+      | ({"hidden-layer dropout mask": b * T * f / t} if dropout and not experts else {})
 
 
 def megatron_block(b, s, h, f, a, t=1, cp=1, sp=False, e=2, dropout=True, q=None, kv=None, mlp="gelu", copies=1) -> dict:

@@ -126,13 +126,14 @@ def target_name(target) -> str:
 
 def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None, trace: bool = False,
            watchdog: float | None = None, job_timeout: float | None = None, quiet: bool = False,
-           **kwargs) -> LaunchResult:
+           on_line=None, **kwargs) -> LaunchResult:
     """Run ``target(comm, **kwargs)`` on ``n`` ranks and collect each rank's return value.
 
     backend/device: as in :func:`minipar.init`. trace: record and merge every rank's events.
     watchdog: seconds before a blocked job is reported and aborted (default 60).
     job_timeout: hard wall-clock limit for the whole job (default: watchdog + 120 s).
     quiet: do not echo the ranks' output (it is still returned in ``.output``).
+    on_line: called with each line the ranks print, as it arrives (a progress bar counts phases).
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise UsageError(f"n={n!r}: the number of ranks must be a positive int")
@@ -157,7 +158,7 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
             limit = job_timeout or ((watchdog or 600) + 120)
             env = rank_env()
             env["MINIPAR_WATCHDOG_DIR"] = tmp  # a watchdog report folder dies with this one
-            code, output = run_streaming(cmd, limit, echo=not quiet, env=env)
+            code, output = run_streaming(cmd, limit, echo=not quiet, env=env, on_line=on_line)
             if code != 0 or not os.path.exists(result_path):
                 raise failure(n, spec["target"], code, output)
             with open(result_path, "rb") as f:
@@ -199,8 +200,9 @@ def this_process() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}: {shlex.join(command + args)}"
 
 
-def run_streaming(cmd, limit: float, echo: bool = True, env=None):
-    """Run ``cmd``, echoing its output live, stopping it after ``limit`` seconds.
+def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None):
+    """Run ``cmd``, echoing its output live (and handing each line to ``on_line``), stopping it
+    after ``limit`` seconds.
 
     Returns (exit code, combined output). Exit code 124 means we stopped it on the time limit.
     However the call ends (the limit, Ctrl-C, SIGTERM or SIGHUP, an error), the job ends with
@@ -228,6 +230,8 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None):
                 if echo and not stopping.is_set():
                     sys.stdout.write(line)
                     sys.stdout.flush()
+                if on_line is not None:
+                    on_line(line)
 
         try:
             with _held_signals():  # a signal while mpiexec starts waits until it can be stopped

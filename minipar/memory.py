@@ -52,6 +52,11 @@ BYTES = {
 # gradient. Its "distributed optimizer" shards the optimizer's part over the d data-parallel ranks:
 # ZeRO-1 with these bytes.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# FP8 training (NVIDIA Transformer Engine, Megatron's --fp8-format) casts to fp8 inside the matmuls
+# only: the weights are kept in bf16 with their fp32 main copy, so fp8 changes the matmul rate, not
+# the bytes per parameter.
+STORED_AS = {"fp8": "bf16"}
+PRECISIONS = (*DTYPE_BYTES, *STORED_AS)
 
 
 @dataclass(frozen=True)
@@ -61,23 +66,30 @@ class Precision:
         Precision("bf16").bytes        # (2, 4, 12): bf16 weights, fp32 main grads, fp32 master + m + v = 18
         Precision("bf16", "bf16").bytes  # (2, 2, 16): + an fp32 copy of the gradients = 20
         Precision("fp32").bytes        # (4, 4, 8): no master copy = 16
+        Precision("fp8").bytes         # (2, 4, 12): as bf16; only the matmuls run in fp8
     """
 
     params: str = "bf16"
     grads: str = "fp32"
 
     def __post_init__(self):
-        for k in ("params", "grads"):
-            if getattr(self, k) not in DTYPE_BYTES:
-                raise UsageError(f"{k} dtype {getattr(self, k)!r}: choose one of {', '.join(DTYPE_BYTES)}")
-        if self.grads != "fp32" and self.grads != self.params:
+        if self.params not in PRECISIONS:
+            raise UsageError(f"params dtype {self.params!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.grads not in DTYPE_BYTES:
+            raise UsageError(f"grads dtype {self.grads!r}: choose one of {', '.join(DTYPE_BYTES)}")
+        if self.grads != "fp32" and self.grads != self.stored:
             raise UsageError(f"gradients in {self.grads} with {self.params} weights: they are kept in the "
                              f"weights' dtype or in fp32")
 
     @property
+    def stored(self) -> str:
+        """The dtype the weights are kept in (fp8: bf16)."""
+        return STORED_AS.get(self.params, self.params)
+
+    @property
     def bytes(self) -> tuple[int, int, int]:
         """(weights, gradients, optimizer K) bytes per parameter, zero_bytes' arguments."""
-        bp, bg = DTYPE_BYTES[self.params], DTYPE_BYTES[self.grads]
+        bp, bg = DTYPE_BYTES[self.stored], DTYPE_BYTES[self.grads]
         master = 4 if bp < 4 else 0  # fp32 main weights beside 16-bit ones
         main_grad = 4 if bg < 4 else 0  # fp32 main gradients beside 16-bit ones
         return bp, bg, master + main_grad + 8  # + Adam's m and v in fp32
@@ -89,7 +101,8 @@ def precision_table() -> list[str]:
     rows = ["| weights | gradients | bytes per parameter | distributed optimizer |", "|---|---|---|---|"]
     bp, bg, k = BYTES[("adam", "mixed")]
     rows.append(f"| 16-bit (default: the ZeRO paper's K) | 16-bit | {bp} + {bg} + {k} = {bp + bg + k} | {bp + bg} + {k}/d |")
-    for params, grads in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32"), ("fp32", "fp32")):
+    for params, grads in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32"), ("fp8", "fp32"),
+                          ("fp32", "fp32")):
         bp, bg, k = Precision(params, grads).bytes
         rows.append(f"| {params} | {grads} | {bp} + {bg} + {k} = {bp + bg + k} | {bp + bg} + {k}/d |")
     return rows

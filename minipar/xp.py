@@ -99,6 +99,15 @@ def from_numpy(a: np.ndarray, like):
     return np.asarray(a, dtype=like.dtype)
 
 
+def like_kind(a: np.ndarray, like):
+    """``a`` as an array of the kind (numpy/torch) and device of ``like``, keeping ``a``'s dtype
+    (a bool mask stays 1 byte an element)."""
+    if is_torch(like):
+        torch = sys.modules["torch"]
+        return torch.as_tensor(np.asarray(a, order="C"), device=like.device)
+    return np.asarray(a)
+
+
 def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
     """Split ``range(n)`` into ``p`` contiguous chunks like ``numpy.array_split``.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from unittest import mock
@@ -178,8 +179,11 @@ def test_search_command_runs_end_to_end_and_caches_where_told(tmp_path):
     before = set(os.listdir(ROOT))
     out = minipar_cli("search", "--model", "vocab", "--ranks", "2", "--budget", "1", "--reps", "1",
                       "--B", "4", "--T", "8", "--C", "16", "--H", "16", "--V", "256", "--json", str(js),
-                      env={"MINIPAR_CACHE_DIR": str(cache)})
+                      env={"MINIPAR_CACHE_DIR": str(cache), "MINIPAR_PROGRESS": "1"})
     assert out.returncode == 0, out.stdout + out.stderr
+    # the bar over its phases: calibrate, then the search and each strategy measured (3 hand-written + the found one)
+    assert "search: calibrate:" in out.stderr and "search: search, then measure:" in out.stderr, out.stderr
+    assert "0/5 [" in out.stderr and max(map(int, re.findall(r"(\d)/5 \[", out.stderr))) >= 3, out.stderr
     for piece in ("strategy found (predicted", "head", "data parallel", "Megatron TP", "found by search", "alpha-beta fit"):
         assert piece in out.stdout, piece
     report = json.loads(js.read_text())

@@ -27,6 +27,16 @@ def wrong_from(table, reference_values):
     return fn
 
 
+def caught_and_named(key, cases, mistakes, reference, check):
+    """A function that answers right except where the mistake ``key`` differs: ``check`` fails it
+    once, naming that mistake."""
+    cases = [tuple(c) for c in cases]
+    table = answers(cases, mistakes, key, reference)
+    assert table, f"no case tells {key!r} from the answer"
+    fails = check(None, wrong_from(table, {c: reference(*c) for c in cases}))
+    assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
+
+
 ACT_MISTAKES = ["no split of the 10 sbh", "everything split by t", "nothing split by t", "no attention scores",
                 "the scores kept", "everything kept", "nothing kept", "the whole block input", "no dropout masks",
                 "one sequence"]
@@ -34,12 +44,8 @@ ACT_MISTAKES = ["no split of the 10 sbh", "everything split by t", "nothing spli
 
 @pytest.mark.parametrize("key", ACT_MISTAKES)
 def test_every_activation_mistake_is_caught_and_named(key):
-    cases = [tuple(c) for c in lab07.ACT_CASES]
-    table = answers(cases, lab07.activation_mistakes, key, lab07_reference.reference_activation_bytes)
-    assert table, f"no case tells {key!r} from the answer"
-    right = {c: lab07_reference.reference_activation_bytes(*c) for c in cases}
-    fails = lab07.check_activation_bytes(None, wrong_from(table, right))
-    assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
+    caught_and_named(key, lab07.ACT_CASES, lab07.activation_mistakes, lab07_reference.reference_activation_bytes,
+                     lab07.check_activation_bytes)
 
 
 def _inflight_variant(key):
@@ -89,21 +95,10 @@ AR_MISTAKES = ["a flat ring across the nodes", "a flat ring on the intra-node li
                "each ring all-reduce as one pass"]
 
 
-def assert_named(key, cases, mistakes, reference, check, graded=lambda fn: fn):
-    """A function giving the mistake ``key``'s value wherever it differs from the answer (the
-    right one elsewhere), as the learner would call it (``graded`` adapts the case's arguments),
-    fails ``check`` with one message that names the mistake."""
-    table = answers(cases, mistakes, key, reference)
-    assert table, f"no case tells {key!r} from the answer"
-    right = {c: reference(*c) for c in cases}
-    fails = check(None, graded(wrong_from(table, right)))
-    assert len(fails) == 1 and f"you computed {key}" in fails[0], fails
-
-
 @pytest.mark.parametrize("key", AR_MISTAKES)
 def test_every_all_reduce_mistake_is_caught_and_named(key):
-    assert_named(key, [tuple(c[1:]) for c in lab07.AR_CASES], lab07.all_reduce_mistakes, lab07.hierarchical_time,
-                 lab07.check_dp_all_reduce_time)
+    caught_and_named(key, [c[1:] for c in lab07.AR_CASES], lab07.all_reduce_mistakes, lab07.hierarchical_time,
+                     lab07.check_dp_all_reduce_time)
 
 
 def test_the_planner_is_refused_behind_a_wrapper_and_the_reference_is_not_watched():
@@ -119,7 +114,7 @@ def test_the_planner_is_refused_behind_a_wrapper_and_the_reference_is_not_watche
     # a minipar module in between (not the planner itself) still leads to the planner's calls
     from minipar.figures import plan as figplan
     fails = lab07.check_dp_all_reduce_time(None, lambda *a: figplan.cells("megatron-1.7b", 8, 16) and 0.0)
-    assert "minipar.plan.search" in fails[0], fails
+    assert "dp_all_reduce_time called minipar.plan." in fails[0], fails  # the planner, however reached
 
 
 def test_choose_config_refuses_what_does_not_fit_is_invalid_or_slow():
@@ -202,11 +197,10 @@ DECODE_MISTAKES = ["compute-bound arithmetic", "every rank reading all the weigh
 
 @pytest.mark.parametrize("key", DECODE_MISTAKES)
 def test_every_decode_mistake_is_caught_and_named(key):
-    def graded(fn):  # the learner's arguments, the machine's four numbers apart
-        return lambda W, L, h, t, B, bw, peak, a, b, w: fn(W, L, h, t, B, (bw, peak, a, b), w)
+    def check(comm, fn):  # the learner's arguments: the case's machine is four of them
+        return lab07.check_decode_time(comm, lambda W, L, h, t, B, bw, peak, a, b, w: fn(W, L, h, t, B, (bw, peak, a, b), w))
 
-    assert_named(key, [tuple(c[1:]) for c in lab07.DECODE_CASES], lab07.decode_mistakes, lab07.token_seconds_of_case,
-                 lab07.check_decode_time, graded)
+    caught_and_named(key, [c[1:] for c in lab07.DECODE_CASES], lab07.decode_mistakes, lab07.token_seconds_of_case, check)
 
 
 def test_decode_time_refuses_the_planner():
@@ -214,3 +208,27 @@ def test_decode_time_refuses_the_planner():
 
     fails = lab07.check_decode_time(None, lambda *a: inference.token_seconds(*a))
     assert "decode_time called minipar.plan.inference.token_seconds" in fails[0], fails
+
+
+PARAMS_MISTAKES = ["K and V as wide as Q", "two MLP matrices", "a bias in every RMSNorm", "LayerNorms without their bias",
+                   "the output layer counted though it is tied", "no output layer", "no biases",
+                   "biases where the model has none", "no final norm", "one norm per block"]
+
+
+@pytest.mark.parametrize("key", PARAMS_MISTAKES)
+def test_every_parameter_count_mistake_is_caught_and_named(key):
+    from minipar.labs import lab07_params as P
+
+    caught_and_named(key, P.PARAMS_CASES, P.params_mistakes, P.reference_model_params, P.check_model_params)
+
+
+def test_parameter_counts_refuse_other_shapes_and_the_planner():
+    from minipar.labs import lab07_params as P
+
+    right = {tuple(c): P.reference_model_params(*c) for c in P.PARAMS_CASES}
+    assert P.check_model_params(None, lambda *c: right[c]) == []
+    assert "expected 968 parameters" in P.check_model_params(None, lambda *c: str(right[c]))[0]
+    assert "expected 968 parameters" in P.check_model_params(None, lambda *c: right[c] + 1)[0]
+    assert right[tuple(P.PARAMS_CASES[6])] == 8_030_261_248 and right[tuple(P.PARAMS_CASES[7])] == 70_553_706_496
+    fails = P.check_model_params(None, lambda *c: S.model_params(*c))
+    assert "model_params called minipar.labs.lab07_solution.model_params" in fails[0], fails

@@ -130,12 +130,12 @@ def test_inflight_counts_are_the_generators(name):
         for m in range(p, 6 * p + 1, p):
             v = 2 if name == "interleaved" else 1
             lim = make_schedule(name, p, m, v).inflight_limit
-            assert inflight(name, p, m, v) == (lim[0], lim[-1]), (p, m)
+            assert inflight(name, p, m, v)[:2] == (lim[0], lim[-1]), (p, m)
 
 
 def test_inflight_probe_would_be_wrong_for_gpipe_without_the_check():
     lim_small = make_schedule("gpipe", 3, 6).inflight_limit
-    assert inflight("gpipe", 3, 30, 1) == (30, 30) != (lim_small[0], lim_small[-1])
+    assert inflight("gpipe", 3, 30, 1)[:2] == (30, 30) != (lim_small[0], lim_small[-1])
 
 
 def test_simulated_pipeline_equals_textbook_without_p2p_and_bounds_it_with():

@@ -81,7 +81,7 @@ def memory_right_then_wrong(comm):
     prediction.minipar_gpt = lambda gpt: replace(good_spec(gpt), qkv_bias=True)  # BUG
     out["qkv_bias"] = check_memory(comm, MEMORY_CONFIGS[:1])
     prediction.minipar_gpt = good_spec
-    memory.states = lambda prob, psi, n, zero, block, extras=True: good_states(prob, psi, n, zero * 0, block, extras)  # BUG
+    memory.states = lambda prob, psi, n, zero, block, **kw: good_states(prob, psi, n, zero * 0, block, **kw)  # BUG
     out["unsharded"] = check_memory(comm, MEMORY_CONFIGS[3:4])
     memory.states = good_states
     return out

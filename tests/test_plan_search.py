@@ -13,7 +13,7 @@ from minipar.plan import Config, ModelSpec, Problem, model, predict, preset, sea
 from minipar.plan.search import enumerate_configs
 
 SMALL = ModelSpec(layers=8, hidden=512, heads=16, seq=256, vocab=1000, name="small")
-JSON_KEYS = {"tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel",
+JSON_KEYS = {"tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel", "ep",
              "fits", "memory_gb", "step_time_s", "tflops_per_gpu", "mfu"}
 
 
@@ -132,7 +132,10 @@ def test_json_has_exactly_the_listed_keys(tmp_path, capsys):
     (["--model", "nope", "--gpus", "8", "--global-batch", "8"], "--model 'nope'"),
     (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--zero", "3", "--pp", "2"], "ZeRO-2/3"),
     (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--link", "pcie"], "--link emulates"),
-    (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "6", "--dp", "64"], "no valid configuration"),
+    (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "6", "--dp", "64"],
+     "--global-batch 6 is not a multiple of dp 64 = 64"),
+    (["--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--tp", "8", "--pp", "8", "--zero", "1"],
+     "no valid configuration"),
     (["--model", "gpt3-175b", "--gpus", "0", "--global-batch", "8"], "argument --gpus: expected a whole number >= 1"),
 ])
 def test_cli_errors_are_one_line(args, needle, capsys):

@@ -13,7 +13,8 @@ Arrays are NumPy float64 unless a docstring says otherwise.
 The grader checks the technique, not only the values: in 5.2 the other ranks' logits are NaN on
 your rank and only 3N numbers may travel (never the logits); in 5.3 only the two ends of the
 pipeline may talk; in 5.4 the bytes you send over the dp group must be one step's average, not
-one per micro-batch.
+one per micro-batch; in 5.5 each rank's piece of a dropout mask must be a slice of the mask one
+process draws.
 """
 import numpy as np  # noqa: F401
 
@@ -87,7 +88,25 @@ def train_step(grid, pipeline, grads, tied):
     raise NotImplementedError("lab 5.4")
 
 
+def dropout_mask(comm, key, rows, positions, cols, shape, p):
+    """Which elements of a dropout site this rank keeps, the same on every grid.
+
+    The site's activation is (global batch, T, D) = (..., *shape) in one process. Your rank holds
+    the global batch rows ``rows`` (a DP replica's micro-batch), the positions ``positions`` (all,
+    or a context-parallel rank's zigzag chunks) and the columns lo:hi = ``cols`` (all, or a TP
+    rank's shard). key: ints (seed, step, layer, site). Return the keep mask of those elements,
+    bools of shape (len(rows), len(positions), hi - lo), each kept with probability 1 - p.
+
+    Every element's mask must be a function of the key and its *global* index (row, position,
+    column) only: then every grid draws the masks one process draws, and trains its losses. Not
+    of the rank (comm is handed to you; you should not need it: nothing has to travel).
+    """
+    # TODO(lab5.5): a counter-based generator (np.random.Philox: key from the key, counter from
+    #               the global row); draw each of your rows whole and keep your positions and columns
+    raise NotImplementedError("lab 5.5")
+
+
 if __name__ == "__main__":
     from minipar.labs.lab05 import demo
 
-    demo(minipar.init("mpi"), grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step)
+    demo(minipar.init("mpi"), grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step, dropout_mask)

@@ -101,6 +101,22 @@ def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, a
     raise NotImplementedError("lab 7.5")
 
 
+def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
+    """Parameters of a decoder-only transformer: ``layers`` blocks, the token embedding (vocab x
+    hidden), the output layer (the embedding itself when ``tied``, else a vocab x hidden matrix of
+    its own) and a final norm. Rotary positions: no position parameters.
+
+    A block: a norm, attention (Q and the output projection hidden x heads d, K and V hidden x
+    kv_heads d, d = hidden / heads: grouped-query attention when kv_heads < heads), a norm, the
+    MLP ("gelu": hidden x ffn then ffn x hidden; "swiglu": gate and up hidden x ffn, down ffn x
+    hidden). norm: "layernorm" (weight and bias) or "rmsnorm" (weight only). bias: every Linear
+    has one (its output width) or none does.
+    model_params(1, 8, 2, 2, 32, 10) -> 1 x (4 x 64 + 4 x 8 + 2 x 256 + 32 + 8 + 2 x 16) + 80 + 16 = 968
+    """
+    # TODO(lab7.6): one block's matrices, vectors and norms; then the embedding, output layer, final norm
+    raise NotImplementedError("lab 7.6")
+
+
 if __name__ == "__main__":
     from minipar.labs.lab07_choose import demo
     demo(minipar.init("mpi"), activation_bytes, peak_inflight, dp_all_reduce_time, choose_config)

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from .. import collectives
+from ..records import cache_dir
 from . import ops
 from .sharding import P, R, Shard, block, local_block
 from .transitions import redistribution_steps, run_step, step_time
@@ -41,9 +42,7 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def cache_file() -> str:
-    base = os.environ.get("MINIPAR_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "minipar")
-    return os.path.join(base, "autoparallel.json")
+    return os.path.join(cache_dir(), "autoparallel.json")
 
 
 def _load(path):

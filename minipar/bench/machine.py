@@ -1,7 +1,8 @@
 """Benchmark: measure "this machine" for the planner, and say what came out.
 
-    minipar bench machine                    # 2 ranks; writes minipar/plan/this_machine.json
+    minipar bench machine                    # 2 ranks; writes ~/.cache/minipar/this_machine.json, which the planner reads
     minipar bench machine -n 2 --out m.json  # elsewhere; MINIPAR_MACHINE=m.json makes the planner read it
+    minipar bench machine --out minipar/plan/this_machine.json   # replace the committed record: only when asked
 
 The measurement (matmul rate, memory bandwidth, alpha and beta between two ranks and with 2 and
 4 ranks per core) and the file it writes belong to the planner: ``minipar.plan.machine``, whose
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 
 def measure_and_report(n: int = 2, out: str | None = None) -> dict:
-    """``plan.machine.measure_machine`` on ``n`` ranks into ``out`` (default the planner's file),
-    with a line before and the measured numbers after; returns the record."""
-    from ..plan.machine import MACHINE_FILE, measure_machine
+    """``plan.machine.measure_machine`` on ``n`` ranks into ``out`` (default ``plan.machine.measured_file()``,
+    outside the repository), with a line before and the measured numbers after; returns the record."""
+    from ..plan.machine import machine_file, measure_machine, measured_file
 
-    out = out or MACHINE_FILE
+    out = out or measured_file()
     print(f"measuring this machine on {n} ranks: matmul (float64, float32), memory bandwidth, ping-pong ...",
           flush=True)
     rec = measure_machine(n, out)
@@ -26,7 +27,8 @@ def measure_and_report(n: int = 2, out: str | None = None) -> dict:
           f"{rec['cores']} cores, {rec['memory_bytes'] / 1e9:.1f} GB RAM (load average {rec['load_average']})")
     print("oversubscribed: " + ", ".join(f"{n} ranks: alpha {r['alpha'] * 1e6:.0f} us, 1/beta {1 / max(r['beta'], 1e-30) / 1e9:.2f} GB/s"
                                          for n, r in rec["oversubscribed"].items()))
-    print(f"wrote {out}")
+    reads = "the planner's this-machine preset reads it" if out == machine_file() else f"MINIPAR_MACHINE={out} makes the planner read it"
+    print(f"wrote {out} ({reads})")
     return rec
 
 

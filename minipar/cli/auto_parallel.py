@@ -12,12 +12,13 @@ The search on the ranks and its report are ``minipar.bench.autoparallel``, the c
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from ..autoparallel.models import PRESETS
 from ..errors import UsageError
 from ..records import write_json
-from .common import bounded, lesson_run_parser, output_path, positive_float, ranks, run_and_report
+from .common import bounded, lesson_run_parser, output_path, positive_float, progress, ranks, run_and_report
 
 SIZE_FLAGS = ("B", "T", "C", "H", "V", "n_heads")
 
@@ -96,20 +97,35 @@ def check_args(args):
     return mesh, sizes
 
 
+def search_phase(bar, line: str) -> None:
+    """Moves ``bar`` on the lines ``compare`` prints on rank 0: calibrated (the search starts), then
+    each strategy measured."""
+    if line.startswith("searching for"):
+        bar.set_description("search: search, then measure")
+        bar.update(1)
+    elif line.startswith("  ran "):
+        bar.update(1)
+
+
 def cmd_search(args) -> int:
     try:
         mesh, sizes = check_args(args)
     except UsageError as err:
         print(f"minipar search: error: {err}", file=sys.stderr)
         return 2
+    from ..autoparallel.graph import hand_written
+    from ..autoparallel.models import build
     from ..bench.autoparallel import format_report
     from ..launcher import launch
 
     where = f"{args.ranks} ranks, mesh {'x'.join(map(str, mesh))}, {args.backend}, {args.dtype}, {args.clock} clock"
     print(f"minipar search: model {args.model} on {where}", flush=True)
-    out = launch(args.ranks, "minipar.bench.autoparallel:compare", backend=args.backend, quiet=False,
-                 model=args.model, mesh=mesh, budget=args.budget, reps=args.reps, dtype=args.dtype, seed=args.seed,
-                 recalibrate=args.recalibrate, sizes=sizes, verbose=True, clock=args.clock)
+    runs = len(hand_written(build(args.model, **sizes).graph, mesh)) + 1  # the hand-written strategies and the found one
+    with progress(total=1 + runs, desc="search: calibrate", unit="phase") as bar:
+        out = launch(args.ranks, "minipar.bench.autoparallel:compare", backend=args.backend, quiet=False,
+                     on_line=functools.partial(search_phase, bar), model=args.model, mesh=mesh, budget=args.budget,
+                     reps=args.reps, dtype=args.dtype, seed=args.seed, recalibrate=args.recalibrate, sizes=sizes,
+                     verbose=True, clock=args.clock)
     report = out.results[0]
     print(format_report(report))
     if args.json:

@@ -12,17 +12,23 @@ same where notebooks are browsed without running them. A notebook prints its che
       ok   ring all_reduce float64 n=1000   max rel. error 1.1e-16 (tolerance 1e-12)
       FAIL ...
 
+or shows them folded under one summary line (``minipar.figures.notebook.checks``: its plain-text
+form keeps every row, and that is what is read here). Knobs (``minipar.figures.notebook.knobs``)
+are stored as their static figure: the run sets ``MINIPAR_NOTEBOOK_STATIC``.
+
 A notebook that raises, prints no check row, or prints a FAIL row is reported and *not*
 written back. Needs the ``notebooks`` extra (``pip install -e ".[notebooks]"``).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import re
 import sys
 import time
 
+from ..figures.notebook import STATIC
 from .common import positive_float, progress
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -42,15 +48,30 @@ def execute(path, timeout: float = 900):
 
     path = pathlib.Path(path)
     nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    before = os.environ.get(STATIC)
+    os.environ[STATIC] = "1"  # the kernel inherits it: knobs store their static figure, no widget
+    try:
+        nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        if before is None:
+            del os.environ[STATIC]
+        else:
+            os.environ[STATIC] = before
     return nb
 
 
+def _text(output) -> str:
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    text = output.get("data", {}).get("text/plain", "") if "text/html" in output.get("data", {}) else ""
+    return (text if isinstance(text, str) else "".join(text)) + "\n"
+
+
 def printed(nb) -> str:
-    """Everything the code cells printed (stream outputs), in order."""
-    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                   for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    """Everything the code cells printed (stream outputs) and the plain text of what they displayed
+    as HTML (a folded check table), in order."""
+    return "".join(_text(o) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
 
 
 def check_rows(nb) -> list[dict]:

@@ -8,7 +8,7 @@
                  --gpus 16 --gpus-per-node 8 --hardware h100-80gb --global-batch 512 --top 10
     minipar plan ... --tp 8 --pp 4 --dp 4 --microbatch 1 --schedule interleaved --chunks 2 --recompute selective
 
-Each of --tp --pp --dp --cp --zero --microbatch --schedule --chunks --recompute
+Each of --tp --pp --dp --cp --ep --zero --microbatch --schedule --chunks --recompute
 --sequence-parallel fixes that choice; the rest is searched. Conventions: GB = 1e9 bytes;
 tflops_per_gpu counts the FLOPs executed (recomputation included); mfu counts the model's
 FLOPs only, over the dense peak. See docs/planner.md.
@@ -21,15 +21,16 @@ FLOPs only, over the dense peak. See docs/planner.md.
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..bench import plan as bench_plan
 from ..bench.links import bench_links
 from ..bench.machine import cmd_machine
 from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
-from ..plan.config import Problem
-from ..plan.hardware import LINKS, PRESET_NAMES, preset
-from ..memory import DTYPE_BYTES, Precision
+from ..plan.config import ENGINES, Problem
+from ..plan.hardware import LINKS, PRESET_NAMES, hardware_file, preset
+from ..memory import DTYPE_BYTES, PRECISIONS, Precision
 from ..plan.models import MLPS, MODELS, NORMS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
@@ -40,7 +41,7 @@ from .common import bounded, lesson_run_parser, output_path, positive_float, pro
 # The planner enumerates every split of the GPUs (and of the batch) into dp x tp x pp x ...: past
 # this it runs for minutes. The largest training runs published use about 10^5 GPUs.
 MAX_GPUS = bounded(2**17, "GPUs: the planner enumerates every split of them")
-FIXABLE = ("tp", "pp", "dp", "cp", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
+FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "microbatch", "schedule", "chunks", "recompute", "sequence_parallel")
 
 
 def add_verbs(verbs):
@@ -62,7 +63,8 @@ def add_verbs(verbs):
         "machine", help="measure this machine for the planner: matmul rate, memory bandwidth, alpha/beta",
         **with_example("minipar bench machine -n 2          # then: minipar plan --hardware this-machine ..."))
     m.add_argument("-n", type=ranks, default=2, help="ranks (default 2)")
-    m.add_argument("--out", type=output_path, help="where to write the preset (default minipar/plan/this_machine.json)")
+    m.add_argument("--out", type=output_path, help="where to write the preset (default ~/.cache/minipar/this_machine.json, or under "
+                        "$MINIPAR_CACHE_DIR; the committed minipar/plan/this_machine.json only when named here)")
     m.set_defaults(func=cmd_machine)
 
     k = verbs.bench.add_parser(
@@ -86,6 +88,36 @@ def add_verbs(verbs):
     h.set_defaults(func=cmd_bench_plan)
 
     add_inference_verbs(verbs)  # ``minipar infer``, ``minipar bench inference`` (serving: minipar/cli/inference.py)
+    v = verbs.bench.add_parser(
+        "published", help="the planner against published training runs: each row's prediction and error",
+        description="Reproduces each published run of docs/planner_validation.md with the presets as they are: "
+                    "about a minute for every row.",
+        **with_example("minipar bench published --only 0 1\n"
+                       "  minipar bench published --json new.json --before docs/planner_validation.json"))
+    v.add_argument("--only", type=int, nargs="+", help="row indices")
+    v.add_argument("--json", type=output_path, help="write the rows here")
+    v.add_argument("--before", help="rows of an earlier run (its --json): their errors beside the new ones")
+    v.set_defaults(func=cmd_bench_published)
+
+
+def cmd_bench_published(args) -> int:
+    from ..plan import validation
+
+    before = None
+    if args.before:
+        try:
+            with open(args.before) as f:
+                before = json.load(f)
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--before {args.before}: not the rows of an earlier --json ({err})") from None
+    if args.only and not all(0 <= i < len(validation.ROWS) for i in args.only):
+        raise UsageError(f"--only {' '.join(map(str, args.only))}: the rows are 0 ... {len(validation.ROWS) - 1}")
+    rows = validation.reproduce_rows(args.only, say=lambda line: print(line, flush=True))
+    print()
+    print(validation.markdown(rows, before))
+    if args.json:
+        write_json(args.json, rows)
+    return 0
 
 
 def cmd_bench_plan(args) -> int:
@@ -118,7 +150,9 @@ def problem_from_args(a) -> Problem:
         raise UsageError(f"--gpus must be a positive integer, got {a.gpus!r}")
     if a.global_batch is None or a.global_batch < 1:
         raise UsageError(f"--global-batch must be a positive integer, got {a.global_batch!r}")
-    hw = preset(a.hardware, a.dtype)
+    if a.hardware_file and a.hardware:
+        raise UsageError("give --hardware NAME or --hardware-file PATH, not both")
+    hw = hardware_file(a.hardware_file) if a.hardware_file else preset(a.hardware or "a100-80gb", a.dtype)
     if a.link and a.hardware != "this-machine":
         raise UsageError("--link emulates a link on this machine's ranks; for GPUs use --intra-link / --inter-link")
     if a.link_slowdown <= 0:
@@ -130,7 +164,7 @@ def problem_from_args(a) -> Problem:
     if a.grad_dtype and not a.precision:
         raise UsageError("--grad-dtype needs --precision (without it: the ZeRO paper's 2 + 2 + 12 bytes per parameter)")
     precision = Precision(a.precision, a.grad_dtype or "fp32") if a.precision else None
-    return Problem(m, a.gpus, gpn, hw, a.global_batch, offload=a.offload, precision=precision)
+    return Problem(m, a.gpus, gpn, hw, a.global_batch, offload=a.offload, precision=precision, engine=a.engine)
 
 
 def fixed_from_args(a) -> dict:
@@ -178,14 +212,21 @@ def add_plan_arguments(p):
     g.add_argument("--expert-ffn", type=int, help="an expert's MLP width (default --ffn)")
     g.add_argument("--causal-flops", action="store_true", help="count half the attention-score FLOPs (the causal mask)")
     g = p.add_argument_group("precision (default: 16-bit weights and gradients, fp32 Adam: 2 + 2 + 12 bytes per parameter)")
-    g.add_argument("--precision", choices=tuple(DTYPE_BYTES), help="weights' dtype, Megatron's convention (fp32 master "
-                   "copy of 16-bit weights): bf16 18 bytes per parameter with fp32 gradients")
+    g.add_argument("--precision", choices=PRECISIONS, help="weights' dtype, Megatron's convention (fp32 master "
+                   "copy of 16-bit weights): bf16 18 bytes per parameter with fp32 gradients; fp8: bf16's bytes, "
+                   "the matmuls at the hardware's fp8 rate")
     g.add_argument("--grad-dtype", choices=tuple(DTYPE_BYTES), help="gradients' dtype (default fp32; 16-bit: 20 bytes)")
     g.add_argument("--distributed-optimizer", action="store_true", help="Megatron's: the optimizer state sharded over dp (ZeRO-1)")
+    g.add_argument("--engine", choices=ENGINES, default="fsdp", help="whose ZeRO-3: fsdp (default: two blocks live, "
+                   "NCCL rings over every NIC), deepspeed (module by module, stage3_max_live_parameters 1e9, each "
+                   "rank's own link), megatron (its distributed optimizer: ZeRO-1 at most)")
     g = p.add_argument_group("cluster and batch")
     g.add_argument("--gpus", type=MAX_GPUS, required=True, help="GPUs (ranks) in all")
     g.add_argument("--gpus-per-node", type=MAX_GPUS, help="default: the preset's (8), or --gpus on this-machine")
-    g.add_argument("--hardware", default="a100-80gb", choices=PRESET_NAMES, help="preset (default a100-80gb)")
+    g.add_argument("--hardware", choices=PRESET_NAMES, help="preset (default a100-80gb)")
+    g.add_argument("--hardware-file", metavar="PATH", help="your own cluster, JSON or TOML (.toml): peak_flops "
+                   "{dtype: FLOP/s}, memory_bytes, hbm_bandwidth, gpus_per_node, intra and inter {bandwidth, latency}; "
+                   "see docs/planner.md")
     g.add_argument("--global-batch", type=bounded(2**30, "sequences per step"), required=True, help="sequences per optimizer step")
     g.add_argument("--dtype", default="float64", choices=("float64", "float32"), help="this-machine: the ranks' dtype")
     g.add_argument("--intra-link", choices=list(LINKS), help="replace the intra-node link (pcie: 'without NVLink')")
@@ -195,6 +236,8 @@ def add_plan_arguments(p):
     g = p.add_argument_group("fix a choice (the rest is searched)")
     for k in ("tp", "pp", "dp", "cp", "microbatch", "chunks"):
         g.add_argument(f"--{k}", type=int)
+    g.add_argument("--ep", type=int, help="expert-parallel ranks (models with experts): the experts split over ep "
+                   "of the dp ranks")
     g.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
     g.add_argument("--schedule", choices=("1f1b", "interleaved", "gpipe"))
     g.add_argument("--recompute", choices=("none", "selective", "full"))

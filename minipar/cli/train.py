@@ -8,6 +8,7 @@
     minipar train -n 8 --dp 2 --cp 2 --tp 2 --steps 5 --compare     # the sequence split over cp too
     minipar train -n 4 --dp 4 --experts 8 --top-k 2 --steps 5 --compare   # a mixture of experts over dp
     minipar train -n 4 --dp 2 --tp 2 --clip 1.0 --steps 5 --compare       # clipped by the global gradient norm
+    minipar train -n 4 --cp 2 --tp 2 --dropout 0.1 --steps 5 --compare    # dropout: one process's masks on any grid
     minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"
     minipar bench train --steps 3 --json bench_train.json                 # minipar.bench.train
     minipar bench gpu -n 2 --json gpu.json         # on a CUDA GPU: allocator vs ledgers (minipar.bench.gpu)
@@ -76,6 +77,9 @@ def add_grid_options(p):
     p.add_argument("--lr", type=float_at_most(10.0, "Adam diverges long before"), default=3e-3, help="learning rate, > 0 and at most 10 (default 3e-3)")
     p.add_argument("--clip", type=positive_float, metavar="NORM",
                    help="clip the gradients to this global L2 norm before Adam, every parameter counted once (default: no clipping)")
+    p.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                   help="drop activations with probability P in [0, 1) after attention, after the MLP and in its hidden "
+                        "layer; each mask is a function of the element's global index: the same on every grid (default 0)")
 
 
 def config_from(args) -> TrainConfig:
@@ -86,7 +90,7 @@ def config_from(args) -> TrainConfig:
                        microbatches=args.microbatches, sequence_parallel=args.sequence_parallel,
                        recompute=args.recompute, zero=args.zero, steps=args.steps, batch=args.batch,
                        dtype=args.dtype, lr=args.lr, data="sorting", cp=args.cp, cp_attention=args.cp_attention,
-                       clip=args.clip)
+                       clip=args.clip, dropout=args.dropout)
 
 
 def add_verbs(verbs):

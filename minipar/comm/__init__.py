@@ -18,6 +18,7 @@ import traceback
 from ..errors import UsageError
 from ..trace import Tracer
 from .base import Comm, Request, wait_all
+from .malloc import keep_freed_memory
 from .watchdog import Watchdog, new_report_dir, timeout_from_env
 
 __all__ = ["init", "finalize", "Comm", "Request", "wait_all", "BACKENDS", "check_backend"]
@@ -103,6 +104,7 @@ def init(backend: str = "mpi", device: str | None = None, watchdog: float | None
     key = (backend, device)
     if key in _WORLD:
         return _WORLD[key]
+    keep_freed_memory()  # every rank, both backends: a step's temporaries reuse the last step's pages (malloc.py)
     timeout = timeout_from_env() if watchdog is None else float(watchdog)
 
     if backend == "mpi":

@@ -15,9 +15,9 @@ full set is written beside the figures as ``auto_parallel_runs.json``.
 """
 from __future__ import annotations
 
-import json
 import os
 
+from ..records import write_json
 from . import pyplot, save
 
 RUNS = [("block", 2), ("block", 4), ("vocab", 2), ("vocab", 4)]
@@ -156,7 +156,6 @@ def make(outdir, reports=None, quick=False, backend="mpi", device=None, **_):
     if reports is None:
         reports = collect(quick, backend, device)
         if not quick:
-            with open(os.path.join(outdir, "auto_parallel_runs.json"), "w") as f:
-                json.dump(reports, f, indent=1)
+            write_json(os.path.join(outdir, "auto_parallel_runs.json"), reports, "  wrote")
     return [plot_strategy(reports, os.path.join(outdir, "auto_parallel_strategy.png")),
             plot_sim_vs_measured(reports, os.path.join(outdir, "auto_parallel_sim_vs_measured.png"))]

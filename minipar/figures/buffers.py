@@ -11,13 +11,13 @@ The numbers are also written to ``buffers_numbers.json`` (the source of docs/buf
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from ..bench.buffers import reuse_cost
 from ..launcher import launch
 from ..lessons.buffers import per_rank, prefetch_timeline
+from ..records import write_json
 from . import DEFAULT_OUT, progress, pyplot, save
 
 N = 4
@@ -131,8 +131,7 @@ def make(outdir, quick=False, **_):
     numbers = {"per_rank": m["per_rank"], "reuse": m["reuse"],
                "prefetch": {str(k): {kk: vv for kk, vv in v.items() if kk != "events"} if isinstance(v, dict) else v
                             for k, v in m["prefetch"].items()}}
-    with open(os.path.join(outdir, "buffers_numbers.json"), "w") as f:
-        json.dump(numbers, f, indent=1, default=float)
+    write_json(os.path.join(outdir, "buffers_numbers.json"), numbers, "  wrote", default=float)
     return paths
 
 

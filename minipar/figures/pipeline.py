@@ -80,6 +80,16 @@ def save_timeline(path, sim_result, title: str | None = None):
     return save(fig, path, dpi=130)
 
 
+def plot_schedule(path, schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2):
+    """One schedule simulated with the unit costs, titled with its bubble beside the formula's
+    (notebook 03's knobs)."""
+    sim = simulate(make_schedule(schedule, p, m, v), unit_costs(schedule))
+    theory = f", formula {float(theory_bubble_fraction(schedule, p, m, v)):.1%}" if schedule != "zb-h1" or m >= p else ""
+    return save_timeline(path, sim, f"{schedule}: p={p}, m={sim.schedule.microbatches}"
+                                    + (f", v={v}" if schedule == "interleaved" else "")
+                                    + f" — simulated bubble {float(sim.bubble_fraction):.1%}{theory}")
+
+
 def plot_schedules(path, p: int = 4, m: int = 8, v: int = 2):
     """One timeline per schedule, each titled with its simulated bubble. The naive run pushes
     the whole batch (m micro-batches' worth of work) through at once and runs far past the

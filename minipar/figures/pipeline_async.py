@@ -12,7 +12,6 @@ beside ``pipeline_async.png`` (the numbers of docs/pipeline_sync_async.md).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from ..lessons.common import rel_error
 from ..lessons.pipeline_async import LRS, SCHEMES, TASK, best, best_lrs, sweep
+from ..records import write_json
 from . import progress, pyplot, save
 
 
@@ -213,6 +213,5 @@ def make(outdir, quick=False, backend="mpi", device=None):
     ``pipeline_async.png``."""
     os.makedirs(outdir, exist_ok=True)
     data = experiment(quick=quick, backend=backend, device=device, say=progress)
-    with open(os.path.join(outdir, "pipeline_async.json"), "w") as f:
-        json.dump(data, f, indent=1, allow_nan=True)
+    write_json(os.path.join(outdir, "pipeline_async.json"), data, "  wrote", allow_nan=True)
     return [plot_sync_vs_async(os.path.join(outdir, "pipeline_async.png"), data)]

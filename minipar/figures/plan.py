@@ -122,6 +122,19 @@ def memory_bars(out, res, path, title):
     return _save(fig, ax, path, title)
 
 
+def memory_for(path, model="megatron-7.5b", gpus=64, link="infiniband", batch=512, hardware="a100-80gb"):
+    """The memory bars of ``model`` on ``gpus`` GPUs (8 per node) whose nodes are joined by ``link``:
+    the fastest configuration that fits for each pp (notebook 07's knobs)."""
+    from ..plan import Problem, model as get_model, preset
+
+    out, res = cells(prob=Problem(get_model(model), gpus, min(gpus, 8), preset(hardware).with_links(inter=link), batch))
+    least = min(need for _, need in out.values())
+    fits = any(row is not None for row, _ in out.values())
+    return memory_bars(out, res, path, f"{model} on {gpus} x {hardware} ({link} between nodes), global batch {batch}\n"
+                                       + ("memory per GPU of the fastest configuration per pp" if fits else
+                                          f"NOTHING FITS: the smallest configuration needs {least / 1e9:.0f} GB per GPU"))
+
+
 def measured_vs_predicted(labels, measured, predicted, path, title, unit="s"):
     """Bars of measured and predicted values side by side, one pair per label."""
     plt = pyplot()

@@ -13,13 +13,13 @@ The numbers behind them go to ``sequence_experts_numbers.json`` beside the figur
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import numpy as np
 
 from ..lessons import context_parallel, experts
+from ..records import write_json
 from . import DEFAULT_OUT, pyplot, save
 
 
@@ -158,8 +158,7 @@ def make(outdir, quick=False, backend="mpi", device=None):
     res = launch(N, "minipar.figures.sequence_experts:figure_runs", backend=backend, device=device,
                  quiet=True, quick=quick).results
     j = lambda name: os.path.join(outdir, name)  # noqa: E731
-    with open(j("sequence_experts_numbers.json"), "w") as f:
-        json.dump(numbers(res), f, indent=1)
+    write_json(j("sequence_experts_numbers.json"), numbers(res), "  wrote")
     return [plot_ring_steps([r["ring"] for r in res], j("cp_ring_steps.png")),
             plot_balance([r["balance"] for r in res], j("cp_balance.png")),
             plot_dispatch([r["dispatch"] for r in res], j("moe_dispatch.png")),

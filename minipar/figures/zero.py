@@ -15,13 +15,13 @@ rank one unless the environment says otherwise.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import numpy as np
 
 from ..launcher import launch
+from ..records import write_json
 from . import DEFAULT_OUT, progress, pyplot, save
 
 N = 4
@@ -52,6 +52,29 @@ def plot_memory(records, path, n=N):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return save(fig, path)
+
+
+def plot_stages(path, params=7.5e9, dp=64, optimizer="adam", precision="mixed"):
+    """The ZeRO paper's formulas (:func:`minipar.memory.calculate`) for stages 0-3 side by side:
+    GB per GPU of weights, gradients and optimizer state, for ``params`` parameters on ``dp`` GPUs."""
+    from ..memory import BYTES, CATEGORIES, GB, calculate
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for stage in range(4):
+        res, bottom = calculate(params, dp, stage, optimizer, precision), 0.0
+        for c in CATEGORIES:
+            ax.bar(stage, res[f"{c}_bytes"] / GB, 0.6, bottom=bottom, color=COLORS[c], edgecolor="k", lw=0.5,
+                   label=c if stage == 0 else None)
+            bottom += res[f"{c}_bytes"] / GB
+        ax.text(stage, bottom, f"{bottom:.3g} GB", ha="center", va="bottom", fontsize=8)
+    bp, bg, k = BYTES[(optimizer, precision)]
+    ax.set_xticks([0, 1, 2, 3], ["DDP\n(stage 0)", "ZeRO-1\noptimizer", "ZeRO-2\n+ gradients", "ZeRO-3\n+ parameters"])
+    ax.set_ylabel("GB per GPU (before activations)")
+    ax.set_title(f"ZeRO's formulas: Psi = {params:.3g} parameters on N = {dp} GPUs,\n{optimizer} in {precision} "
+                 f"precision ({bp} + {bg} + K={k} bytes/param)", fontsize=9)
+    ax.legend(fontsize=8)
+    return save(fig, path, tight=True)
 
 
 def plot_traffic(records, path, n=N):
@@ -175,8 +198,7 @@ def make(outdir, quick=False, backend=None, device=None, overlap_backend=None):
     numbers = {k: v for k, v in m.items() if k != "overlap"}
     numbers["overlap"] = {str(k): {kk: vv for kk, vv in v.items() if kk != "events"} if isinstance(v, dict) else v
                           for k, v in m["overlap"].items()}
-    with open(os.path.join(outdir, "zero_numbers.json"), "w") as f:
-        json.dump(numbers, f, indent=1, default=float)
+    write_json(os.path.join(outdir, "zero_numbers.json"), numbers, "  wrote", default=float)
     return paths
 
 

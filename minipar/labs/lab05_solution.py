@@ -43,3 +43,11 @@ def train_step(grid, pipeline, grads, tied):
         tied[...] = sync_tied(grid.pp, tied)
     for g in grads:
         g[...] = all_reduce(grid.dp, g) / grid.dp.size
+
+
+def dropout_mask(comm, key, rows, positions, cols, shape, p):
+    """``minipar.nn.dropout.keep_mask``: Philox keyed by (seed, step, layer, site), one counter
+    per global row; each rank keeps its positions and columns of its rows. No message."""
+    from ..nn.dropout import keep_mask
+
+    return keep_mask(key, rows, shape, positions, cols, p)

@@ -13,7 +13,9 @@ equals what a typical mistake gives, the message names the mistake:
   ``plan.timing.dp_collective``;
 * 7.4 ``choose_config``: a search with the planner's ``predict`` handed in (``lab07_choose``);
 * 7.5 ``decode_time``: one decode step at TP = t, the memory-bandwidth roofline plus the
-  all-reduces, against ``plan.inference.token_seconds``.
+  all-reduces, against ``plan.inference.token_seconds``;
+* 7.6 ``model_params``: the parameters of today's shapes (GQA, SwiGLU, RMSNorm, untied output),
+  against ``plan.models.ModelSpec.params`` (``lab07_params``).
 
 The planner is the grader's reference, not the learner's tool: a graded function that calls into
 ``minipar.plan``, the pipeline's in-flight counters or the lab's reference solution is refused,
@@ -33,6 +35,7 @@ from ..pipeline import gpipe, interleaved_1f1b, naive, one_f_one_b, zero_bubble_
 from ..pipeline.schedules import Action, inflight_profile
 from ..plan.inference import token_seconds
 from .grader import Task
+from .lab07_params import PARAMS_HINTS
 from .lab07_reference import Watch, call_watched, reference_activation_bytes, refused
 
 TITLE = "which strategy when: the planner's memory, pipeline, network and search"
@@ -45,6 +48,8 @@ TASKS = [
     Task("7.4", "choose a configuration", "choose_config", "minipar.labs.lab07_choose:check_choose_config", sizes=(1,),
          budget=20),  # 1.3 s
     Task("7.5", "per-token decode time at TP = t", "decode_time", f"{HERE}:check_decode_time", sizes=(1,)),
+    Task("7.6", "parameters of today's models", "model_params", "minipar.labs.lab07_params:check_model_params",
+         sizes=(1,)),
 ]
 
 # Hints, stage by stage (`minipar check 07 --hint 7.1`): a nudge naming the idea and what to read,
@@ -127,6 +132,7 @@ HINTS = {
         return max(read, compute) + 2 * layers * ring
         """,
     ),
+    **PARAMS_HINTS,
 }
 
 

@@ -50,3 +50,9 @@ def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, a
     """``plan.inference.token_seconds``: the roofline of one rank's 1/t of the weights, plus 2 ring
     all-reduces per layer of the (batch x hidden) activation."""
     return token_seconds(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, alpha, beta, dtype_bytes)
+
+
+def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
+    """``plan.models.ModelSpec.params`` for the shape: rotary positions, biases on every Linear or none."""
+    return ModelSpec(layers, hidden, heads, 1, vocab, ffn=ffn, kv_heads=kv_heads, mlp=mlp, norm=norm, bias=bias,
+                     qkv_bias=bias, tied=tied, positions="rope").params()

@@ -19,6 +19,8 @@ dense GPT trained in one process on the same batches (computed on every rank, it
                    process's exactly, and E/dp experts per layer on every rank
     clipping       (``clip``) every step's global gradient norm equal to one process's, 1e-12: each
                    parameter counted once; and the first step's norm above ``clip`` (it clipped)
+    dropout        (``dropout``) nothing more to compare: every rank draws one process's masks for
+                   what it holds (``minipar.nn.dropout``), so the checks above hold with it on
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ def label(cfg) -> str:
     extra += ["Ulysses"] if cfg.cp > 1 and cfg.cp_attention == "ulysses" else []
     extra += [f"E={M.n_experts} top-{M.top_k} f={M.capacity_factor}"] if M.n_experts else []
     extra += [f"clip {cfg.clip}"] if cfg.clip is not None else []
+    extra += [f"dropout {cfg.dropout}"] if cfg.dropout else []
     cp = f" cp{cfg.cp}" if cfg.cp > 1 else ""
     return f"dp{cfg.dp} pp{cfg.pp}{cp} tp{cfg.tp}" + (f" ({', '.join(extra)})" if extra else "")
 
@@ -150,7 +153,7 @@ def check_grids(comm, configs, steps=5, mutant=None):
     refs, rows = {}, []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=steps))
-        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip)
+        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip, cfg.dropout)
         if cfg.model.n_experts:  # the routing groups follow the grid (train_reference)
             key += (cfg.dp, cfg.microbatches)
         if key not in refs:

@@ -3,8 +3,9 @@ every parallel lesson (tensor, pipeline, data/ZeRO) must reproduce.
 
     functional.py   pure forward/backward pairs: linear, gelu, softmax, layernorm, attention, losses
     layers.py       Module classes holding params/grads: Linear, GeLU, LayerNorm,
-                    CausalSelfAttention, MLP, Block, Sequential
+                    CausalSelfAttention, MLP, Block, Sequential, Dropout
     embedding.py    token Embedding (scatter-add backward), PositionEmbedding, LMHead tied to wte
+    dropout.py      the counter-based (Philox) draw that makes a dropout mask the same on every grid
     recompute.py    activation recomputation of a block: none, selective, full
 
     python -c "import numpy as np, minipar.nn as nn; rng = np.random.default_rng(0); \
@@ -32,7 +33,7 @@ from .functional import (
     softmax_backward,
     softmax_forward,
 )
-from .layers import GeLU, Block, CausalSelfAttention, LayerNorm, Linear, MLP, Module, Sequential
+from .layers import GeLU, Block, CausalSelfAttention, Dropout, LayerNorm, Linear, MLP, Module, Sequential
 from .embedding import Embedding, LMHead, PositionEmbedding, lookup_backward_weight, lookup_forward
 
 __all__ = [
@@ -43,6 +44,6 @@ __all__ = [
     "attention_forward", "attention_backward", "attention_probs", "drop_probs",
     "lookup_forward", "lookup_backward_weight",
     "mse_loss", "cross_entropy",
-    "Module", "Linear", "GeLU", "LayerNorm", "CausalSelfAttention", "MLP", "Block", "Sequential",
+    "Module", "Linear", "GeLU", "Dropout", "LayerNorm", "CausalSelfAttention", "MLP", "Block", "Sequential",
     "Embedding", "PositionEmbedding", "LMHead",
 ]

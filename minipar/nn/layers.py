@@ -23,8 +23,9 @@ import math
 
 import numpy as np
 
-from ..xp import from_numpy, namespace, size, to_numpy
+from ..xp import from_numpy, like_kind, namespace, size, to_numpy
 from . import functional as F
+from .dropout import SITES
 
 _SAVED = "saved_dy"  # ctx key where a composite's backward_input keeps its children's output grads
 
@@ -185,6 +186,42 @@ class GeLU(Module):
         return F.gelu_backward(dy, ctx)
 
 
+class Dropout(Module):
+    """Dropout at one site of one layer; without a ``draw`` (or with p = 0) the identity.
+    ``draw``: a ``minipar.nn.dropout.Draw``, which makes each element's mask a function of its
+    global index (seed, step, layer, site, row, position, column), the same on every grid.
+
+    forward:  y = x * mask / (1 - p), mask from ``draw.keep`` for the global indices x holds
+    backward: dx = dy * mask / (1 - p); no weights.
+
+    shape: (T, D) of one global row at this site; positions: the global positions of x's rows
+    (None: 0 ... T-1); cols: (lo, hi), the columns of D that x holds (None: all).
+    """
+
+    def __init__(self, draw=None, layer: int = 0, site: str = "attn", shape=(0, 0),
+                 positions=None, cols=None):
+        super().__init__()
+        if site not in SITES:
+            raise ValueError(f"dropout site {site!r}: choose one of {tuple(SITES)}")
+        self.draw, self.layer, self.site, self.shape = draw, layer, site, tuple(shape)
+        self.positions = None if positions is None else np.asarray(positions, dtype=np.int64)
+        self.cols = cols
+
+    def mask(self, like):
+        """The keep mask (bools, 1 byte an element) of the micro-batch ``draw`` is at, in
+        ``like``'s kind and device."""
+        return like_kind(self.draw.keep(self.layer, self.site, self.shape, self.positions, self.cols), like)  # (b, t, d)
+
+    def forward(self, x):
+        if self.draw is None or self.draw.p == 0:
+            return x, None
+        mask = self.mask(x)
+        return x * mask * (1.0 / (1.0 - self.draw.p)), mask
+
+    def backward_input(self, dy, mask):
+        return dy if mask is None else dy * mask * (1.0 / (1.0 - self.draw.p))
+
+
 # --------------------------------------------------------------------------- composites
 
 
@@ -215,12 +252,14 @@ class Sequential(Module):
 
 
 class MLP(Sequential):
-    """fc1 (C -> H), GeLU, fc2 (H -> C): a Sequential whose children have names."""
+    """fc1 (C -> H), GeLU, dropout on the hidden layer (T5's place; the identity unless given a
+    draw), fc2 (H -> C): a Sequential whose children have names."""
 
     def __init__(self, d_model, d_hidden, rng):
         Module.__init__(self)
         self.fc1 = Linear(d_model, d_hidden, rng)
         self.gelu = GeLU()
+        self.drop = Dropout(site="hidden")
         self.fc2 = Linear(d_hidden, d_model, rng)
 
 
@@ -265,7 +304,9 @@ class CausalSelfAttention(Module):
 
 
 class Block(Module):
-    """Pre-LN transformer block: h = x + attn(ln1(x)); out = h + mlp(ln2(h)). x: (B, T, C)."""
+    """Pre-LN transformer block: h = x + drop(attn(ln1(x))); out = h + drop(mlp(ln2(h))).
+    x: (B, T, C). The two residual dropouts (GPT-2's resid_pdrop) are the identity unless given
+    a draw (``attn_drop``, ``mlp_drop``: ``Dropout``)."""
 
     def __init__(self, d_model, n_heads, rng, d_hidden=None):
         super().__init__()
@@ -273,17 +314,22 @@ class Block(Module):
         self.attn = CausalSelfAttention(d_model, n_heads, rng)
         self.ln2 = LayerNorm(d_model)
         self.mlp = MLP(d_model, d_hidden or 4 * d_model, rng)
+        self.attn_drop, self.mlp_drop = Dropout(site="attn"), Dropout(site="mlp")
 
     def forward(self, x):
         ctx = {}
         a, ctx["ln1"] = self.ln1.forward(x)
         a, ctx["attn"] = self.attn.forward(a)
+        a, ctx["attn_drop"] = self.attn_drop.forward(a)
         h = x + a  # (B, T, C)
         m, ctx["ln2"] = self.ln2.forward(h)
         m, ctx["mlp"] = self.mlp.forward(m)
+        m, ctx["mlp_drop"] = self.mlp_drop.forward(m)
         return h + m, ctx  # (B, T, C)
 
     def backward_input(self, dout, ctx):
         # a residual sends its gradient down both paths: dh = dout + (gradient through the MLP)
-        dh = dout + self._backward_child("ln2", self._backward_child("mlp", dout, ctx), ctx)
-        return dh + self._backward_child("ln1", self._backward_child("attn", dh, ctx), ctx)
+        dm = self._backward_child("mlp_drop", dout, ctx)
+        dh = dout + self._backward_child("ln2", self._backward_child("mlp", dm, ctx), ctx)
+        da = self._backward_child("attn_drop", dh, ctx)
+        return dh + self._backward_child("ln1", self._backward_child("attn", da, ctx), ctx)

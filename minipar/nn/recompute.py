@@ -11,7 +11,10 @@ selective  the attention core's probabilities p (B, nh, T, T) are dropped; the b
            that grows with T^2 costs little to recompute). No communication is repeated.
 full       only the block's input x is kept; the backward runs the block's forward again
            (its tensor-parallel collectives included) to rebuild the ctx, then backs through it.
-           Per layer: one more forward, about a third more compute.
+           Per layer: one more forward, about a third more compute. Dropout masks are drawn
+           again: the same ones only if the draw depends on where the forward runs, not on how
+           many draws came before (``minipar.nn.dropout``: the trainer points it at the
+           micro-batch before each action; torch.utils.checkpoint restores the RNG state).
 
 The block is any module with the usual ``forward -> (y, ctx)``, ``backward_input``,
 ``backward_weight``; selective expects a pre-LN ``Block`` (its ctx["attn"]["att"] is the

@@ -101,7 +101,7 @@ def build_stages(n_stages: int, layers: int, width: int, rng) -> list[Sequential
 
 def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=mse_loss,
                  scale=None, shape_of=None, dtype=None, pairing=peer_and_tag, check: bool = True,
-                 after_action=None) -> dict:
+                 after_action=None, before_action=None) -> dict:
     """Execute this rank's action list of ``schedule`` over ``comm`` (one training step).
 
     stages: {global stage id: module} for the stages this rank owns (stage_to_rank[s] == rank).
@@ -119,7 +119,9 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
     here). Gradients accumulate into the modules.
     after_action(action, held): called after every action with ``held`` = {"ctx": the forward
     contexts, "dy": the output gradients kept for W}, what this rank holds for its backwards
-    (the trainer counts activation memory there).
+    (the trainer counts activation memory there). before_action(action): called before each
+    action's compute (the trainer points dropout at the action's micro-batch there, so that a
+    forward recomputed inside B draws the masks its F drew).
 
     Stages can be any modules with forward -> (y, ctx), backward / backward_input /
     backward_weight: a stack of Linear layers, or a GPT stage whose first stage reads token ids
@@ -174,6 +176,8 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
             x = microbatches[i] if s == 0 else recv(src, shape_of(s, i), "pipeline.recv act", a)
         elif kind in "BI":
             dy = dys.pop((s, i)) if s == S - 1 else recv(src, shape_of(s + 1, i), "pipeline.recv grad", a)
+        if before_action is not None:
+            before_action(a)
         with comm.region(str(a)):
             if kind == "F":
                 y, ctxs[(s, i)] = mod.forward(x)

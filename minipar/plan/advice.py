@@ -17,8 +17,9 @@ from .search import Result, alternatives, simulate_rows
 
 FAST_INTER_NODE = 12.5e9  # bytes/s per GPU: 100 Gb/s and up counts as a fast inter-node link
 LABEL = {"compute": "compute", "tp_comm": "TP comm", "pp_bubble": "PP bubble + p2p", "dp_comm": "DP comm",
-         "zero3_gathers": "ZeRO-3 gathers", "cp_ring": "CP ring", "optimizer": "optimizer step"}
-AXIS_NAME = {"tp": "TP", "pp": "PP", "cp": "CP", "zero": "ZeRO", "recompute": "recompute", "schedule": "schedule",
+         "zero3_gathers": "ZeRO-3 gathers", "cp_ring": "CP ring", "ep_alltoall": "EP all-to-all",
+         "optimizer": "optimizer step"}
+AXIS_NAME = {"tp": "TP", "pp": "PP", "cp": "CP", "ep": "EP", "zero": "ZeRO", "recompute": "recompute", "schedule": "schedule",
              "sequence_parallel": "SP", "microbatch": "micro-batch"}
 
 

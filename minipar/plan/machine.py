@@ -1,7 +1,7 @@
 """This machine, measured for the planner: matmul rate, memory bandwidth, alpha and beta.
 
-    measure_machine(n=2)        # ranks measure; writes minipar/plan/this_machine.json (``minipar bench machine``)
-    load()                      # the record back (MINIPAR_MACHINE=FILE reads another one)
+    measure_machine(n=2)        # ranks measure; writes ~/.cache/minipar/this_machine.json (``minipar bench machine``)
+    load()                      # the record back: MINIPAR_MACHINE=FILE, else that one, else the committed one
     hardware.this_machine()     # the planner's "this-machine" preset, built from load()
 
 Every rank measures at the same time, as ranks compute in training, each with one BLAS thread
@@ -34,13 +34,23 @@ import numpy as np
 
 from .. import costmodel as M
 from ..errors import UsageError
+from ..records import cache_dir
 
-MACHINE_FILE = os.path.join(os.path.dirname(__file__), "this_machine.json")
+MACHINE_FILE = os.path.join(os.path.dirname(__file__), "this_machine.json")  # committed: the course machine's
 MACHINE_ENV = "MINIPAR_MACHINE"  # another measured preset file to read instead
 
 
+def measured_file() -> str:
+    """Where ``minipar bench machine`` writes unless told (``records.cache_dir()``, outside the
+    repository: replacing the committed record takes ``--out minipar/plan/this_machine.json``)."""
+    return os.path.join(cache_dir(), "this_machine.json")
+
+
 def machine_file() -> str:
-    return os.environ.get(MACHINE_ENV) or MACHINE_FILE
+    """The record the planner reads: ``$MINIPAR_MACHINE``, else this machine's own measurement
+    (:func:`measured_file`) once there is one, else the committed ``MACHINE_FILE``."""
+    measured = measured_file()
+    return os.environ.get(MACHINE_ENV) or (measured if os.path.exists(measured) else MACHINE_FILE)
 
 
 def load(path: str | None = None) -> dict:
@@ -134,7 +144,7 @@ def oversubscribed(cores: int, per_core=(2, 4)) -> dict:
 
 def measure_machine(n: int = 2, path: str | None = None) -> dict:
     """Measure this machine on ``n`` ranks (then 2 and 4 per core) and write the record to ``path``
-    (default ``MACHINE_FILE``); returns it."""
+    (default :func:`measured_file`, its folder made if need be); returns it."""
     from ..launcher import launch
 
     rec = launch(n, "minipar.plan.machine:measure", quiet=True).results[0]
@@ -142,6 +152,8 @@ def measure_machine(n: int = 2, path: str | None = None) -> dict:
     rec["when"] = datetime.datetime.now().isoformat(timespec="seconds")
     rec["command"] = f"minipar bench machine -n {n}"
     rec["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    with open(path or MACHINE_FILE, "w") as f:
+    path = path or measured_file()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
         json.dump(rec, f, indent=1)
     return rec

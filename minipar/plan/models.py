@@ -25,7 +25,8 @@ today's blocks change some of these, each a field:
 
 Tensor parallelism splits Q, K, V (whole heads: tp must divide heads and kv_heads; we refuse
 otherwise rather than replicate K and V as Megatron does when tp > kv_heads), the projection, the
-MLP matrices (every expert's, column/row parallel: no expert parallelism), the QKV and first-MLP
+MLP matrices (every expert's, column/row parallel; expert parallelism, ``Config.ep``, splits the routed experts
+further: ``expert_params``), the QKV and first-MLP
 biases, the vocabulary embedding and output layer; norms, the other biases and the router are
 replicated (``layer_params``).
 
@@ -164,6 +165,27 @@ class ModelSpec:
             e_split, e_rep = self._mlp_params(self.ef)
             m_split, m_rep = n * e_split, n * e_rep + self.hidden * self.experts
         return a_split + m_split, a_rep + m_rep + 2 * self._norm()
+
+    def linears(self) -> list[int]:
+        """The weights of a block's Linear modules in forward order (before tp splits them):
+        Megatron's fused QKV h x (q + 2 kv), the projection, the first MLP layer (SwiGLU: gate and
+        up fused) and the last; with experts, the first and last layer of each expert in turn.
+        DeepSpeed's ZeRO-3 gathers module by module."""
+        h, q, kv = self.hidden, self.heads * self.d, self.kv * self.d
+        f = self.ef if self.experts else self.f
+        mlp = [(2 if self.mlp == "swiglu" else 1) * h * f, h * f] * (self.experts + self.shared_experts or 1)
+        return [h * (q + 2 * kv), h * q, *mlp]
+
+    def largest_linear(self) -> int:
+        return max(self.linears())
+
+    def expert_params(self) -> tuple[int, int]:
+        """(split by tensor parallelism, replicated) parameters of one block's routed experts: the
+        part expert parallelism divides (shared experts and the router stay on every ep rank)."""
+        if not self.experts:
+            return 0, 0
+        e_split, e_rep = self._mlp_params(self.ef)
+        return self.experts * e_split, self.experts * e_rep
 
     def embedding_params(self) -> tuple[int, int]:
         """(vocabulary embedding, split over TP; position embedding, replicated)."""

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layout import FIELDS
-from .config import Config, Problem
+from .config import PLAN_FIELDS, Config, Problem
 from .models import minipar_gpt
 from .pipeline import makespans
 from .timing import evaluate
@@ -31,7 +30,7 @@ class Prediction:
     fits: bool
     memory_bytes: dict  # params, grads, optimizer, activations, total, host, transient (worst pipeline rank)
     step_time_s: float
-    parts: dict  # seconds per step: compute, tp_comm, pp_bubble, dp_comm, zero3_gathers, cp_ring, optimizer
+    parts: dict  # seconds per step: timing.PARTS (compute, tp_comm, pp_bubble, dp_comm, ... optimizer)
     tflops_per_gpu: float
     mfu: float
     ends: dict  # {"first": {...}, "last": {...}}: memory_bytes' keys (+ transient) at each end of the pipeline
@@ -43,7 +42,7 @@ def predict(prob: Problem, config) -> Prediction:
     valid raises UsageError, naming the rule."""
     from .search import enumerate_configs
 
-    cfg, _ = enumerate_configs(prob, {k: getattr(config, k) for k in FIELDS}, allow_cross_node_tp=True)
+    cfg, _ = enumerate_configs(prob, {k: getattr(config, k, 1) for k in PLAN_FIELDS}, allow_cross_node_tp=True)
     ev = evaluate(prob, cfg)
     res = evaluate(prob, cfg, makespans(cfg, ev, [0]))
     keys = ("params", "grads", "optimizer", "activations", "total", "host", "transient")

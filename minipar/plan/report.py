@@ -26,18 +26,20 @@ def report(res) -> str:
              f"{gb(prob.capacity)} per GPU; {res.simulated} pipelines simulated (lesson 03's simulator)", ""]
     if m.experts:
         lines.insert(1, f"mixture of experts: {m.experts} experts, top {m.top_k}" + (f" + {m.shared_experts} shared"
-                     if m.shared_experts else "") + f", {m.active_params() / 1e9:.4g}e9 parameters per token; every "
-                     "expert is held on every dp rank and split over tp (no expert parallelism in the search)")
+                     if m.shared_experts else "") + f", {m.active_params() / 1e9:.4g}e9 parameters per token; the experts split over tp and "
+                     "over ep of the dp ranks (ep searched)")
     if prob.precision is not None:
         bp, bg, k = prob.bytes_per_param()
         lines.insert(1, f"precision: {prob.precision.params} weights, {prob.precision.grads} gradients, "
                      f"{bp} + {bg} + {k} = {bp + bg + k} bytes per parameter (Megatron's convention)")
     if not res.stats["fit"]:
         lines.append("NOTHING FITS: the smallest footprints are listed below")
-    lines.append(f"{'#':>2} {'configuration':<64} {'step s':>8} {'TFLOP/s':>8} {'MFU':>6}   memory GB: "
+    described = [res.cfgs.config(i).describe(prob.batch) for i in res.ranked]
+    width = max([len("configuration"), *map(len, described)])  # the column fits its longest entry
+    lines.append(f"{'#':>2} {'configuration':<{width}} {'step s':>8} {'TFLOP/s':>8} {'MFU':>6}   memory GB: "
                  f"{'params':>7} {'grads':>7} {'optim':>7} {'activ':>7} {'total':>7}")
-    for r, i in enumerate(res.ranked, 1):
-        lines.append(f"{r:>2} {res.cfgs.config(i).describe(prob.batch):<64} {ev['step'][i]:8.3g} {ev['tflops_per_gpu'][i]:8.1f} "
+    for r, (i, text) in enumerate(zip(res.ranked, described), 1):
+        lines.append(f"{r:>2} {text:<{width}} {ev['step'][i]:8.3g} {ev['tflops_per_gpu'][i]:8.1f} "
                      f"{ev['mfu'][i]:6.1%}              {_mem_cells(mem, i)}" + ("" if mem["fits"][i] else "  (does not fit)"))
     w = res.ranked[0]
     parts = ", ".join(f"{LABEL[k]} {v[w]:.3g} s" for k, v in ev["parts"].items())
@@ -48,6 +50,10 @@ def report(res) -> str:
               f"  step {ev['step'][w]:.4g} s = {parts}",
               f"  {ev['tflops_per_gpu'][w]:.1f} TFLOP/s per GPU (executed, recomputation included), "
               f"MFU {ev['mfu'][w]:.1%} (model FLOPs / dense peak {prob.hw.peak_flops / 1e12:.4g} TFLOP/s)"]
+    if res.cfgs.zero[w] == 3:
+        lines.append(f"  ZeRO-3 ({prob.engine}): each GPU sends {gb(ev['zero3_intra_bytes'][w])} inside its node and "
+                     f"{gb(ev['zero3_inter_bytes'][w])} across nodes per step (every block gathered "
+                     f"{3 if res.cfgs.recompute[w] == 'full' else 2} times per micro-batch, its gradients reduce-scattered once)")
     why = runners_up(res)
     if why:
         lines += ["", "why the others lose:"] + [f"  {s}" for s in why]

@@ -18,6 +18,8 @@ Validity (Megatron-LM's rules unless noted):
 - interleaved: pp > 1, layers % (pp chunks) == 0, micro-batches % pp == 0;
 - ZeRO-2/3 only without pipeline parallelism (DeepSpeed refuses them with its pipeline engine:
   gradients would be reduce-scattered every micro-batch); ZeRO needs dp x cp > 1;
+- ep (models with experts): divides dp and the number of experts; the experts are split over ep
+  of the dp ranks, everything else replicated over all of them (Megatron's expert parallelism);
 - sequence parallelism needs tp > 1; GPipe only when asked (same bubble as 1F1B, more
   activations in flight: it never wins).
 
@@ -37,8 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..layout import FIELDS
-from .config import Config, Configs, Problem, microbatch_size
+from .config import PLAN_FIELDS, Config, Configs, Problem, microbatch_size
 from .pipeline import makespans
 from .timing import PARTS, evaluate, finish
 
@@ -47,24 +48,54 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def consistency(gpus: int, batch: int, fixed: dict) -> str | None:
+    """The first way the numbers a user (or a paper) states disagree, in one line, or None:
+    tp x pp x dp x cp must equal the GPUs (divide them while some are searched), and the global
+    batch must split into dp x micro-batch size x micro-batches (dp known once given, or once
+    tp, pp and cp are)."""
+    names = [k for k in ("tp", "pp", "dp", "cp") if fixed.get(k)]
+    prod = int(np.prod([fixed[k] for k in names]))
+    said = " x ".join(f"--{k} {fixed[k]}" for k in names)
+    if gpus % prod:
+        return f"{said} = {prod} GPUs does not divide --gpus {gpus}"
+    if {"tp", "pp", "dp"} <= set(names) and prod != gpus:  # cp not given: 1
+        return f"{said} = {prod} GPUs, not --gpus {gpus}"
+    dp = fixed.get("dp") or (gpus // prod if {"tp", "pp", "cp"} <= set(names) else None)
+    mb, nmb = fixed.get("microbatch"), fixed.get("microbatches")
+    parts = ([f"dp {dp}" + ("" if fixed.get("dp") else f" (--gpus {gpus} / {said})")] if dp else []) + \
+            ([f"--microbatch {mb}"] if mb else []) + ([f"{nmb} micro-batches"] if nmb else [])
+    per = (dp or 1) * (mb or 1) * (nmb or 1)
+    if batch % per or (dp and mb and nmb and per != batch):
+        return f"--global-batch {batch} is not {'' if dp and mb and nmb else 'a multiple of '}{' x '.join(parts)} = {per}"
+    return None
+
+
 def _check_fixed(prob: Problem, fixed: dict):
     m, G = prob.model, prob.gpus
     tp, pp, dp, cp = (fixed.get(k) for k in ("tp", "pp", "dp", "cp"))
-    for k in ("tp", "pp", "dp", "cp", "microbatch", "microbatches", "chunks"):
+    for k in ("tp", "pp", "dp", "cp", "ep", "microbatch", "microbatches", "chunks"):
         if k in fixed and (not isinstance(fixed[k], int) or fixed[k] < 1):
             raise UsageError(f"--{k} must be a positive integer, got {fixed[k]!r}")
     if tp and (G % tp or not m.tp_splits(tp)):
         raise UsageError(f"--tp {tp} must divide --gpus {G}, the {m.heads} heads, the {m.kv} KV heads and "
                          f"the MLP width {m.ef if m.experts else m.f}")
+    ep = fixed.get("ep")
+    if ep and ep > 1 and not m.experts:
+        raise UsageError(f"--ep {ep}: {m.name} has no experts to split")
+    if ep and m.experts and m.experts % ep:
+        raise UsageError(f"--ep {ep} must divide the {m.experts} experts")
+    if ep and dp and dp % ep:
+        raise UsageError(f"--ep {ep} must divide --dp {dp}: the experts are split over ep of the data-parallel ranks")
     if pp and pp > m.layers:
         raise UsageError(f"--pp {pp} is more than the {m.layers} layers")
     if cp and cp > 1 and m.seq % (2 * cp):
         raise UsageError(f"--cp {cp}: the sequence {m.seq} must split into 2 x cp equal chunks")
-    given = [x for x in (tp, pp, dp, cp) if x]
-    if given and G % int(np.prod(given)):
-        raise UsageError(f"--tp x --pp x --dp x --cp = {int(np.prod(given))} does not divide --gpus {G}")
-    if all(x for x in (tp, pp, dp)) and tp * pp * dp * (cp or 1) != G:
-        raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} x --cp {cp or 1} != --gpus {G}")
+    problem = consistency(G, prob.batch, fixed)
+    if problem:
+        raise UsageError(problem)
+    if fixed.get("zero", 0) >= 2 and prob.engine == "megatron":
+        raise UsageError(f"--zero {fixed['zero']} with --engine megatron: its distributed optimizer is ZeRO-1; "
+                         "ZeRO-2/3 are --engine deepspeed or fsdp")
     if fixed.get("zero", 0) >= 2 and pp and pp > 1:
         raise UsageError(f"--zero {fixed['zero']} with --pp {pp}: ZeRO-2/3 do not combine with pipeline parallelism")
     if fixed.get("sequence_parallel") and tp == 1:
@@ -99,6 +130,9 @@ def enumerate_configs(prob: Problem, fixed: dict | None = None, allow_cross_node
                 d = G // (t * c * p)
                 if "dp" in fixed and fixed["dp"] != d or B % d:
                     continue
+                eps = [e for e in choices("ep", divisors(d)) if d % e == 0 and (m.experts or 1) % e == 0]
+                if not eps:
+                    continue
                 for b in divisors(B // d):  # the micro-batch size, and m = B / (d b) micro-batches
                     nmb = B // (d * b)
                     if fixed.get("microbatch", b) != b or fixed.get("microbatches", nmb) != nmb:
@@ -113,20 +147,22 @@ def enumerate_configs(prob: Problem, fixed: dict | None = None, allow_cross_node
                             scheds = [("gpipe", 1)]
                     scheds = [s for s in scheds if s[0] == fixed.get("schedule", s[0])
                               and s[1] == fixed.get("chunks", s[1])]
-                    zeros = choices("zero", [0] + ([1] if d * c > 1 else []) + ([2, 3] if d * c > 1 and p == 1 else []))
+                    zeros = choices("zero", [0] + ([1] if d * c > 1 else []) +
+                                    ([2, 3] if d * c > 1 and p == 1 and prob.engine != "megatron" else []))
                     for z in zeros:
                         if z >= 2 and p > 1 or z > 0 and d * c == 1:
                             continue
                         for sched, v in scheds:
                             for rec in choices("recompute", ["none", "selective", "full"]):
                                 for sp in choices("sequence_parallel", [False] + ([True] if t > 1 else [])):
-                                    rows.append(dict(tp=t, pp=p, dp=d, cp=c, zero=z, microbatches=nmb, schedule=sched,
-                                                     chunks=v, recompute=rec, sequence_parallel=sp))
-                                    eligible.append(t <= gpn or allow_cross_node_tp or "tp" in fixed)
+                                    for e in eps:
+                                        rows.append(dict(tp=t, pp=p, dp=d, cp=c, zero=z, microbatches=nmb, schedule=sched,
+                                                         chunks=v, recompute=rec, sequence_parallel=sp, ep=e))
+                                        eligible.append(t <= gpn or allow_cross_node_tp or "tp" in fixed)
     if not rows:
         raise UsageError(f"no valid configuration for {G} GPUs with {', '.join(f'--{k} {v}' for k, v in fixed.items()) or 'these choices'}"
                          f" (global batch {B}, {m.layers} layers, {m.heads} heads)")
-    return Configs(**{k: [r[k] for r in rows] for k in FIELDS}), np.array(eligible)
+    return Configs(**{k: [r[k] for r in rows] for k in PLAN_FIELDS}), np.array(eligible)
 
 
 @dataclass
@@ -150,7 +186,7 @@ class Result:
         c = self.cfgs.config(i)
         mem = self.ev["mem"]
         out = {}
-        for k in FIELDS:  # the layout, with the micro-batch size for the count (as --microbatch takes it)
+        for k in PLAN_FIELDS:  # the layout, with the micro-batch size for the count (as --microbatch takes it)
             if k == "microbatches":
                 out["microbatch"] = c.microbatch_size(self.prob.batch)
             else:
@@ -218,7 +254,7 @@ def search(prob: Problem, fixed: dict | None = None, top: int = 5, allow_cross_n
     return res
 
 
-AXES = ("tp", "pp", "cp", "zero", "recompute", "schedule", "sequence_parallel", "microbatch")
+AXES = ("tp", "pp", "cp", "ep", "zero", "recompute", "schedule", "sequence_parallel", "microbatch")
 
 
 def axis_column(res: Result, axis: str) -> np.ndarray:

@@ -24,10 +24,12 @@ scatter/gather) between stages. Then data parallelism: the gradient all-reduce, 
 when the dp group spans nodes (reduce-scatter inside the node, all-reduce across, all-gather
 inside), overlapped with the backward of the last micro-batch. ZeRO-1 adds the all-gather of the
 updated parameters after the step; ZeRO-2 reduce-scatters every micro-batch's gradients during
-its backward; ZeRO-3 gathers each block's parameters before its forward and again before its
-backward, one collective per block, and we do not count them as hidden: the ZeRO-3 runs of
-Narayanan et al. 2021 (Table 2) lose far more than their bandwidth alone explains, nothing like
-a prefetch that hides the gathers. The optimizer step reads and writes its state once at memory bandwidth
+its backward; ZeRO-3 gathers each block's parameters before its forward, again before its
+backward and before its recomputed forward, and reduce-scatters its gradients: one collective
+each per block, by the engine's conventions (``config.ENGINES``: FSDP's two-level rings over
+every NIC, DeepSpeed's flat ring over each rank's own link), prefetched behind the previous
+block's compute as far as that compute lasts and the engine's live-parameter bound lets the
+gather start (``prefetch_share``). The optimizer step reads and writes its state once at memory bandwidth
 (on the host with offload, after the gradients crossed PCIe).
 """
 from __future__ import annotations
@@ -35,12 +37,34 @@ from __future__ import annotations
 import numpy as np
 
 from .. import costmodel as cm
-from .config import Configs, Problem, layers_per_rank, microbatch_size
+from .config import DEEPSPEED_MAX_LIVE, Configs, Problem, layers_per_rank, microbatch_size
 from .memory import layer_activations, memory
 from .models import executed_flops, layer_flops, model_flops
 from .pipeline import makespan_estimate, makespan_lower_bound
 
-PARTS = ("compute", "tp_comm", "pp_bubble", "dp_comm", "zero3_gathers", "cp_ring", "optimizer")
+PARTS = ("compute", "tp_comm", "pp_bubble", "dp_comm", "zero3_gathers", "cp_ring", "ep_alltoall", "optimizer")
+
+
+def expert_alltoall_bytes(tokens, hidden, top_k, ep, itemsize):
+    """Bytes one rank sends in one all-to-all of expert parallelism (a dispatch, or a combine):
+    each of its ``tokens`` goes to ``top_k`` experts, spread evenly over the ep ranks (the
+    load-balancing loss's aim, no token dropped), and the (ep-1)/ep of those rows that leave the
+    rank carry ``hidden`` values each. A layer sends four per micro-batch: dispatch and combine
+    forward, and their backwards (the combine's backward is a dispatch of the gradients). The
+    counts the ranks exchange first (a few integers) are not counted."""
+    return top_k * tokens * (ep - 1) / ep * hidden * itemsize
+
+
+def expert_alltoall_time(prob: Problem, cfg: Configs, n_bytes):
+    """One all-to-all over the ep ranks (stride tp x cp, inside a node first): the k of them on a
+    node exchange over the intra-node link, the rest over each GPU's own inter-node link, both at
+    once (pairwise messages, one per peer)."""
+    ep, f = cfg.ep, prob.hw.link_fraction
+    k = np.clip(prob.gpus_per_node // (cfg.tp * cfg.cp), 1, ep)
+    peers = np.maximum(ep - 1, 1)
+    intra = (k - 1) * prob.intra.alpha + n_bytes * (k - 1) / peers * prob.intra.beta(f)
+    inter = (ep - k) * prob.inter.alpha + n_bytes * (ep - k) / peers * prob.inter.beta(f)
+    return np.where(ep > 1, np.maximum(intra, inter), 0.0)
 
 
 def _ring(n_bytes, p, lk, frac, kind):
@@ -71,13 +95,68 @@ def dp_collective(prob: Problem, cfg: Configs, n_bytes, kind):
             "all_gather": ag_out + ag_in}[kind]
 
 
+def _group_on_node(prob: Problem, cfg: Configs):
+    """(k, nodes): ranks of the dp x cp group on one node (stride tp), and the nodes it spans."""
+    n = cfg.dp * cfg.cp
+    k = np.minimum(n, np.maximum(1, prob.gpus_per_node // cfg.tp))
+    return k, np.maximum(1, n // k)
+
+
+def zero3_collective(prob: Problem, cfg: Configs, n_bytes, kind):
+    """One ZeRO-3 all-gather or reduce-scatter of a block's ``n_bytes`` over the dp x cp ranks.
+    FSDP (and minipar): NCCL's rings use every NIC of a node, which ``dp_collective``'s two
+    levels model. DeepSpeed: each rank's ring over its own link, every byte across the node
+    boundary once the group spans nodes (``config.ENGINES``)."""
+    if prob.engine != "deepspeed":
+        return dp_collective(prob, cfg, n_bytes, kind)
+    n = cfg.dp * cfg.cp
+    k, _ = _group_on_node(prob, cfg)  # k < n: the group spans nodes
+    return np.where(k < n, _ring(n_bytes, n, prob.inter, prob.hw.link_fraction, kind),
+                    _ring(n_bytes, n, prob.intra, prob.hw.link_fraction, kind))
+
+
+def zero3_traffic(prob: Problem, cfg: Configs, psi, gathers_per_block):
+    """(intra, inter) bytes one GPU sends per step in ZeRO-3's collectives: each block's
+    parameters gathered ``gathers_per_block`` times per micro-batch (forward, backward, and the
+    recomputed forward), its gradients reduce-scattered once; a ring over n ranks sends
+    (n-1)/n of them. FSDP's two levels send (k-1)/k inside the node and 1/k x (nodes-1)/nodes
+    across; DeepSpeed's flat ring sends them all across once the group spans nodes."""
+    bp, bg, _ = prob.bytes_per_param()
+    n = cfg.dp * cfg.cp
+    k, nodes = _group_on_node(prob, cfg)
+    total = cfg.microbatches * (gathers_per_block * bp + bg) * psi
+    if prob.engine == "deepspeed":
+        inter = np.where(k < n, total * (n - 1) / n, 0.0)
+        intra = total * (n - 1) / n - inter
+    else:
+        intra, inter = total * (k - 1) / k, total / k * (nodes - 1) / nodes
+    on = cfg.zero == 3
+    return np.where(on, intra, 0.0), np.where(on, inter, 0.0)
+
+
+def prefetch_share(prob: Problem, cfg: Configs):
+    """(forward, backward): the share of a block's gathers that may start while the unit before
+    it computes. FSDP: all (the next block is prefetched whole, two units live). DeepSpeed: its
+    coordinator prefetches the next module only while fewer than stage3_max_live_parameters are
+    live (then at least that module's parameter whole): the modules that follow one larger than the
+    bound wait for it to be released (forward order; reversed in the backward)."""
+    if prob.engine != "deepspeed":
+        return np.ones(len(cfg)), np.ones(len(cfg))
+    out = {}
+    for t in set(cfg.tp.tolist()):
+        p = np.array(prob.model.linears(), dtype=float) / t
+        nxt = np.roll(p, -1)  # the module after each one (the last one's: the next block's first)
+        out[t] = (nxt[p < DEEPSPEED_MAX_LIVE].sum() / p.sum(), p[nxt < DEEPSPEED_MAX_LIVE].sum() / p.sum())
+    return tuple(np.array([out[t][j] for t in cfg.tp.tolist()]) for j in (0, 1))
+
+
 def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     """Per micro-batch times of a pipeline stage (arrays): F, B (compute + exposed communication),
     the LM head's extra on the last stage, point-to-point, and their parts."""
     m, hw = prob.model, prob.hw
     b, tp, cp, sp, rec = microbatch_size(prob, cfg), cfg.tp, cfg.cp, cfg.sequence_parallel, cfg.recompute
     share = hw.compute_share(prob.ranks_on_node)
-    rate = hw.peak_flops * hw.matmul_fraction * share
+    rate = prob.matmul_peak * hw.matmul_fraction * share  # fp8: the fp8 rate
     bw = hw.hbm_bandwidth * share
     f = hw.link_fraction
     e = hw.dtype_bytes
@@ -120,22 +199,33 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     F_c, B_c = L * cf, L * cb
     # ZeRO-2: each micro-batch's gradients are reduce-scattered during its backward.
     z2 = np.where(cfg.zero == 2, np.maximum(0, dp_collective(prob, cfg, bg * psi, "reduce_scatter") - B_c), 0)
-    # ZeRO-3: each block's parameters gathered for its forward and again for its backward (and
-    # its recomputed forward), its gradients reduce-scattered: one collective per block, not
-    # overlapped with the compute (see the module docstring).
-    ag = L * dp_collective(prob, cfg, bp * psi / L, "all_gather")
-    rs = L * dp_collective(prob, cfg, bg * psi / L, "reduce_scatter")
-    z3_f = np.where(cfg.zero == 3, ag, 0)
-    z3_b = np.where(cfg.zero == 3, ag * np.where(rec == "full", 2, 1) + rs, 0)
 
-    F = F_c + L * (tp_f + cp_f) + z3_f
-    B = B_c + L * (tp_b + cp_b) + z3_b + z2
+    # expert parallelism: dispatch + combine in the forward, their backwards, and the forward's
+    # again under full recomputation; nothing overlapped. A rank dispatches its 1/tp of the tokens.
+    a2a = 2 * expert_alltoall_time(prob, cfg, expert_alltoall_bytes(b * m.seq / (cp * tp), m.hidden, m.top_k, cfg.ep, e))
+    ep_f, ep_b = a2a, np.where(rec == "full", 2, 1) * a2a
+
+    # ZeRO-3: each block's parameters gathered for its forward, again for its backward and for
+    # its recomputed forward, its gradients reduce-scattered. The next block's gathers are
+    # prefetched behind this block's compute: hidden as far as that compute lasts, and as far as
+    # the engine's live-parameter bound lets them start (``prefetch_share``).
+    ag = zero3_collective(prob, cfg, bp * psi / L, "all_gather")  # one block's
+    rs = zero3_collective(prob, cfg, bg * psi / L, "reduce_scatter")
+    link_f, link_b = ag, ag * np.where(rec == "full", 2, 1) + rs
+    share_f, share_b = prefetch_share(prob, cfg)
+    busy_f, busy_b = cf + tp_f + cp_f + ep_f, cb + tp_b + cp_b + ep_b  # one block's, per micro-batch
+    z3_f = np.where(cfg.zero == 3, L * (link_f - np.minimum(busy_f, share_f * link_f)), 0)
+    z3_b = np.where(cfg.zero == 3, L * (link_b - np.minimum(busy_b, share_b * link_b)), 0)
+
+    F = F_c + L * (tp_f + cp_f + ep_f) + z3_f
+    B = B_c + L * (tp_b + cp_b + ep_b) + z3_b + z2
     spans_nodes = prob.gpus > prob.gpus_per_node
     p2p_lk = prob.inter if spans_nodes else prob.intra
     p2p = np.where(cfg.pp > 1, p2p_lk.alpha + block_bytes / tp * p2p_lk.beta(f), 0.0)
-    return dict(F=F, B=B, head_f=head_f, head_b=head_b, p2p=p2p, nmb=nmb, mem=mem,
+    z3_intra, z3_inter = zero3_traffic(prob, cfg, psi, np.where(rec == "full", 3, 2))
+    return dict(F=F, B=B, head_f=head_f, zero3_intra_bytes=z3_intra, zero3_inter_bytes=z3_inter, head_b=head_b, p2p=p2p, nmb=nmb, mem=mem,
                 compute=nmb * (F_c + B_c + head_f + head_b), tp_comm=nmb * L * (tp_f + tp_b),
-                cp_ring=nmb * L * (cp_f + cp_b), zero3_gathers=nmb * (z3_f + z3_b), zero2=nmb * z2, psi=psi)
+                cp_ring=nmb * L * (cp_f + cp_b), ep_alltoall=nmb * L * (ep_f + ep_b), zero3_gathers=nmb * (z3_f + z3_b), zero2=nmb * z2, psi=psi)
 
 
 def tail_times(prob: Problem, cfg: Configs, st: dict) -> dict:
@@ -177,7 +267,7 @@ def finish(prob: Problem, cfg: Configs, ev: dict, makespan) -> dict:
     step = makespan + ev["dp_comm"] + ev["optimizer"]
     parts = {"compute": ev["compute"], "tp_comm": ev["tp_comm"], "pp_bubble": makespan - busy,
              "dp_comm": ev["dp_comm"], "zero3_gathers": ev["zero3_gathers"], "cp_ring": ev["cp_ring"],
-             "optimizer": ev["optimizer"]}
+             "ep_alltoall": ev["ep_alltoall"], "optimizer": ev["optimizer"]}
     m = prob.model
     exe = np.array([executed_flops(m, prob.batch, r) for r in np.atleast_1d(cfg.recompute)])
     tflops = exe / prob.gpus / step / 1e12

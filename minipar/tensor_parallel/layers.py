@@ -147,6 +147,7 @@ class ParallelMLP(nn.MLP):
         nn.Module.__init__(self)
         self.fc1 = ColumnParallelLinear(comm, dense.fc1, sequence_parallel=sequence_parallel)  # C -> H/p
         self.gelu = nn.GeLU()
+        self.drop = nn.Dropout(site="hidden")  # inside the TP region: my columns of the hidden layer
         self.fc2 = RowParallelLinear(comm, dense.fc2, sequence_parallel=sequence_parallel)  # H/p -> C
 
 
@@ -223,6 +224,7 @@ class ParallelBlock(nn.Block):
         self.attn = attn if attn is not None else ParallelSelfAttention(comm, dense.attn, sequence_parallel=sp)
         self.ln2 = norm(dense.ln2)
         self.mlp = mlp if mlp is not None else ParallelMLP(comm, dense.mlp, sequence_parallel=sp)
+        self.attn_drop, self.mlp_drop = nn.Dropout(site="attn"), nn.Dropout(site="mlp")
 
 
 # --------------------------------------------------------------------------- comparing with the dense twin

@@ -36,7 +36,7 @@ def layer_saved(cfg) -> dict:
     s, cp, sp = cfg.model.seq_len, cfg.cp, cfg.sequence_parallel
     if cfg.recompute == "full":
         return {"block input x": block_input(b, s, C, t, cp, sp, e)}
-    out = minipar_block(b, s, C, H, a, t, cp, sp, e)
+    out = minipar_block(b, s, C, H, a, t, cp, sp, e, dropout=bool(cfg.dropout), experts=bool(cfg.model.n_experts))
     # ring attention and Ulysses keep no probabilities: nothing more for selective to drop
     return drop_scores("minipar", out) if cfg.recompute == "selective" else out
 
@@ -55,6 +55,8 @@ def layer_grads(cfg) -> dict:
     }
     if cfg.sequence_parallel:
         out["fc2, proj output grads all-gathered"] = 2 * e * b * T * C
+    if cfg.dropout:  # the MLP's output grad is dropout's backward's, no longer the block's (the attention's
+        out["mlp output grad (through dropout)"] = e * b * Ts * C  # replaces dh, which is then not kept)
     if cfg.recompute == "full":
         out.update({"rebuilt " + k: v for k, v in layer_saved(cfg.with_(recompute="none")).items()})
     return out

@@ -38,6 +38,7 @@ class TrainConfig(Layout):
     data_seed: int = 1
     cp_attention: str = "ring"  # the attention core over cp: "ring" or "ulysses"
     clip: float | None = None  # clip the gradients to this global L2 norm before Adam (None: no clipping)
+    dropout: float = 0.0  # p of every dropout site (minipar.nn.dropout: the same masks on every grid)
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -69,6 +70,8 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
     if cfg.clip is not None and (isinstance(cfg.clip, bool) or not isinstance(cfg.clip, (int, float))
                                  or not 0 < cfg.clip < float("inf")):
         raise UsageError(f"--clip={cfg.clip!r}: the largest global gradient norm, a number > 0")
+    if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0 <= cfg.dropout < 1:
+        raise UsageError(f"--dropout={cfg.dropout!r}: the probability of dropping an activation, in [0, 1)")
     if cfg.dtype not in DTYPES:
         raise UsageError(f"--dtype={cfg.dtype!r}: choose one of {', '.join(DTYPES)}")
     n = cfg.ranks

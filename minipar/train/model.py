@@ -220,8 +220,31 @@ def cp_position_embedding(dense_pos, positions, tp):
     return ContextParallelPositionEmbedding(dense_pos, positions, tp)
 
 
+def place_dropout(stage: GPTStage, draw, seq_len: int, positions=None, tp=None, sequence_parallel=False):
+    """Give every dropout site of ``stage``'s blocks the shared ``draw`` (``minipar.nn.dropout``)
+    and the global indices of what it holds: the positions ``positions`` (a cp rank's zigzag
+    chunks; None: all T) and, where the tensor is split over ``tp``, which part. The residual
+    sites after the attention and after the MLP hold every column of my positions (only my TP
+    rank's T/tp share of them with sequence parallelism); the MLP's hidden layer, inside the TP
+    region, holds my positions and my TP rank's H/tp columns. A mixture of experts has no hidden
+    site (its tokens are dispatched by the router, not held by global index). The dense GPT is
+    one rank holding everything: ``place_dropout(gpt, draw, T)``."""
+    pos = np.arange(seq_len) if positions is None else np.asarray(positions)
+    t, p = (tp.rank, tp.size) if tp is not None else (0, 1)
+    n = len(pos) // p
+    residual = pos[t * n:(t + 1) * n] if sequence_parallel else pos  # my T/tp tokens under SP
+    for name, blk in stage.blocks():
+        i, C = int(name), blk.ln1.params["gamma"].shape[0]
+        blk.attn_drop = nn.Dropout(draw, i, "attn", (seq_len, C), residual)
+        blk.mlp_drop = nn.Dropout(draw, i, "mlp", (seq_len, C), residual)
+        if isinstance(blk.mlp, nn.MLP):
+            H = blk.mlp.fc1.params["w"].shape[1] * p  # the dense hidden width
+            blk.mlp.drop = nn.Dropout(draw, i, "hidden", (seq_len, H), pos, cols=(t * H // p, (t + 1) * H // p))
+    return stage
+
+
 def build_stage(tp, dense: GPTStage, stage: int, n_stages: int, sequence_parallel=False,
-                recompute="none", tied=None, cp=None, cp_attention="ring", ep=None) -> GPTStage:
+                recompute="none", tied=None, cp=None, cp_attention="ring", ep=None, draw=None) -> GPTStage:
     """Stage ``stage`` of ``n_stages`` on the TP group ``tp``, sliced from the dense GPT.
 
     ``tied``: the first stage's VocabParallelEmbedding when it lives on this rank too (one
@@ -232,7 +255,8 @@ def build_stage(tp, dense: GPTStage, stage: int, n_stages: int, sequence_paralle
     ``SeqLayout(T, cp, "zigzag").positions(cp.rank)`` of every sequence; the attention core is
     ``cp_attention`` ("ring" or "ulysses") over cp on my heads, the position embedding adds the
     rows of my positions. ``ep``: the expert-parallel group over which a mixture-of-experts MLP
-    is sharded (each rank holds E/ep experts; without it every rank holds all of them).
+    is sharded (each rank holds E/ep experts; without it every rank holds all of them). ``draw``:
+    dropout's shared ``minipar.nn.dropout.Draw`` (None: no dropout), placed by ``place_dropout``.
     """
     sp = sequence_parallel
     cfg_layers = len(dense.blocks())
@@ -259,4 +283,8 @@ def build_stage(tp, dense: GPTStage, stage: int, n_stages: int, sequence_paralle
         tied = embed if embed is not None else tied
         head = (VocabParallelHead(tp, tied=tied, sequence_parallel=sp) if tied is not None
                 else VocabParallelHead(tp, dense=dense.embed, sequence_parallel=sp))
-    return GPTStage(blocks, embed, pos, ln_f, head, recompute)
+    out = GPTStage(blocks, embed, pos, ln_f, head, recompute)
+    if draw is not None:
+        place_dropout(out, draw, seq_len, SeqLayout(seq_len, cp.size).positions(cp.rank) if cp is not None else None,
+                      tp, sp)
+    return out

@@ -38,6 +38,17 @@ Clipping by the global gradient norm (``clip``), which must count every paramete
     clip_skipped_on_one_rank  the last rank computes the norm but steps unclipped: its weights
                            drift from the others' (losses, parameters, replicas)
 
+Dropout (``dropout``), whose masks must be one process's on every grid:
+
+    dropout_shared_in_tp   Megatron's RNG tracker with one seed inside the TP region: every TP rank
+                           draws the mask of TP rank 0's columns for its own shard of the MLP's
+                           hidden layer (losses; the masks: shards identical across TP ranks)
+    dropout_per_rank_seed  each rank seeds its own generator (seed + world rank) and draws for its
+                           local indices: the masks change with the grid (losses)
+    dropout_replay_redraws the forward that full recomputation runs inside B draws at the
+                           micro-batch the generator is at now (the last F's), not its own F's:
+                           torch.utils.checkpoint's preserve_rng_state guards this (losses)
+
 They patch the library inside the rank that runs them (tests and the lab's grader use them).
 """
 from __future__ import annotations
@@ -47,12 +58,13 @@ import contextlib
 import numpy as np
 
 from ..collectives import all_gather, all_reduce, reduce_scatter
-from ..xp import contiguous, namespace
+from ..xp import contiguous, like_kind, namespace
 
 MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_axis", "selective_keeps_probs",
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
            "experts_everywhere", "recompute_counted", "clip_replicated_per_tp", "clip_tied_twice",
-           "clip_every_replica", "clip_skipped_on_one_rank")
+           "clip_every_replica", "clip_skipped_on_one_rank", "dropout_shared_in_tp", "dropout_per_rank_seed",
+           "dropout_replay_redraws")
 
 
 @contextlib.contextmanager
@@ -64,6 +76,7 @@ def planted(name):
     if name not in MUTANTS:
         raise ValueError(f"no mutant {name!r}; choose one of {MUTANTS}")
     from .. import grid
+    from .. import nn as layers
     from ..context_parallel import layer
     from ..data_parallel import ddp
     from ..nn import recompute
@@ -134,6 +147,17 @@ def planted(name):
         original = trainer.Trainer.scale_grads
         patch(trainer.Trainer, "scale_grads",
               lambda self, scale: None if self.comm.rank == self.comm.size - 1 else original(self, scale))
+    elif name == "dropout_shared_in_tp":
+        def mask(self, like):  # my shard's mask drawn at columns 0 ... hi-lo: TP rank 0's, on every TP rank
+            cols = None if self.cols is None else (0, self.cols[1] - self.cols[0])
+            return like_kind(self.draw.keep(self.layer, self.site, self.shape, self.positions, cols), like)
+
+        patch(layers.Dropout, "mask", mask)
+    elif name == "dropout_per_rank_seed":
+        patch(layers.Dropout, "mask", per_rank_mask)
+    elif name == "dropout_replay_redraws":
+        original = trainer.Trainer.before
+        patch(trainer.Trainer, "before", lambda self, action: original(self, action) if action.kind == "F" else None)
     try:
         yield
     finally:
@@ -167,3 +191,16 @@ def gathered_backward(comm, dout, ctx):
     mine = reduce_scatter(comm, xp.stack([_positions_first(dK), _positions_first(dV)], axis=1))  # (t, 2, B, nh, hs)
     dk, dv = (xp.permute_dims(mine[:, i], (1, 2, 0, 3)) for i in (0, 1))
     return dq, dk, dv
+
+
+def per_rank_mask(self, like):
+    """A mask from a generator seeded by the world rank, over the indices this rank holds (local
+    rows, positions, columns): what a per-rank seed gives, one process's only on one rank."""
+    from mpi4py import MPI
+
+    seed = self.draw.seed + MPI.COMM_WORLD.Get_rank()
+    key = np.random.SeedSequence([seed, self.draw.step, self.layer]).generate_state(2, np.uint64)
+    t = len(self.positions) if self.positions is not None else self.shape[0]
+    d = self.cols[1] - self.cols[0] if self.cols is not None else self.shape[1]
+    u = np.random.Generator(np.random.Philox(key=key)).random((len(self.draw.rows), t, d))
+    return like_kind(u >= self.draw.p, like)

@@ -31,6 +31,11 @@ A step, on every rank:
    shard, each expert on its owner), one all-reduce of that sum of squares over all ranks, and
    every gradient scaled by the same factor as one process's ``clip_grad_norm_``.
 
+With ``dropout``, every site's mask is a function of the element's global index
+(``minipar.nn.dropout``, a Philox stream per global row): before each pipeline action
+(``before``) the shared draw moves to the rows of the action's micro-batch, so each rank draws
+one process's masks for what it holds, and a recomputed forward draws its F's masks again.
+
 The gradient of the mean loss over the global batch is the mean over the dp x cp ranks of the
 mean over their micro-batches, because every micro-batch has the same number of tokens on every
 rank: that is why the batch must divide into dp x m equal parts and the sequence into 2cp equal
@@ -49,6 +54,7 @@ from ..context_parallel import SeqLayout
 from ..data_parallel import DDP
 from ..grid import Grid, axis_color
 from ..nn import Module, cross_entropy
+from ..nn.dropout import Draw
 from ..optim import Adam, clip_grad_norm, clip_scale
 from ..pipeline.execute import run_schedule
 from ..pipeline.schedules import make_schedule
@@ -57,7 +63,7 @@ from ..xp import copy, namespace, storage
 from ..zero import ZeRO1
 from .config import CP_ATTENTION, DTYPES, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
 from .experts import ExpertLog, expert_totals, split_experts
-from .model import GPT, GPTConfig, build_stage, moe_layers  # noqa: F401 (GPTConfig re-exported)
+from .model import GPT, GPTConfig, build_stage, moe_layers, place_dropout  # noqa: F401 (GPTConfig re-exported)
 from .saving import owning
 from .saving import save as save_checkpoint
 
@@ -125,12 +131,14 @@ class Trainer:
         self.ep = None  # the expert-parallel group: my dp group, under a name of its own for the trace
         if cfg.model.n_experts:
             self.ep = comm.split(axis_color(g.shape, g.position, "dp"), key=d, name=f"ep(p{p},t{t})")
+        # dropout: one counter-based draw shared by every site; the masks depend on global indices only
+        self.draw = Draw(cfg.dropout, cfg.seed) if cfg.dropout else None
         self.stages = {}
         for s in range(S):
             if self.schedule.stage_to_rank[s] == p:
                 tied = self.stages[0].embed if 0 in self.stages else None
                 self.stages[s] = build_stage(g.tp, dense, s, S, cfg.sequence_parallel, cfg.recompute, tied,
-                                             cp=g.cp, cp_attention=cfg.cp_attention, ep=self.ep)
+                                             cp=g.cp, cp_attention=cfg.cp_attention, ep=self.ep, draw=self.draw)
         for st in self.stages.values():
             st.to(like)
         units, tied, experts = engine_units(self.stages, split_tied=cfg.pp > 1)
@@ -171,6 +179,17 @@ class Trainer:
         xs = [asarray(copy(x[i * b:(i + 1) * b])) for i in range(cfg.microbatches)]  # (b, T/cp) each
         ys = [asarray(copy(y[i * b:(i + 1) * b])) for i in range(cfg.microbatches)]
         return xs, ys
+
+    def rows(self, i):
+        """The global batch rows of my DP replica's micro-batch i: (b,)."""
+        cfg, b = self.cfg, self.cfg.microbatch_size(self.cfg.batch)
+        return self.grid.coords[0] * (cfg.batch // cfg.dp) + i * b + np.arange(b)
+
+    def before(self, action):
+        """Before every pipeline action: dropout draws the masks of the action's micro-batch (a
+        forward that full recomputation runs inside B or I draws the ones its F drew)."""
+        if self.draw is not None:
+            self.draw.at(rows=self.rows(action.microbatch))
 
     def activation_shape(self, stage, i):
         """What travels between stages: (b, T/cp, C), (b, T/cp/tp, C) sequence parallel."""
@@ -248,9 +267,12 @@ class Trainer:
         for e in self.engines:
             e.zero_grad()
         self.moe.reset()
+        if self.draw is not None:
+            self.draw.at(step=step)
         # pp: activations forward and gradients back between stages; tp, cp and ep inside them
         out = run_schedule(self.grid.pp, self.schedule, self.stages, xs, ys, loss=self.loss,
-                           shape_of=self.activation_shape, dtype=self.cfg.dtype, after_action=self.sample)
+                           shape_of=self.activation_shape, dtype=self.cfg.dtype, after_action=self.sample,
+                           before_action=self.before)
         self.sync_tied()  # emb: the tied embedding's gradient summed over the first and last stage
         self.sync_experts()  # nothing sent: an expert's gradient already holds every replica's tokens
         self.sync_dp()  # dp: the replicated gradients averaged over the dp x cp ranks
@@ -343,6 +365,9 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     the steps (``progress(range(steps), desc=..., total=...)``: a bar over them, from the CLI).
     """
     model = GPT(cfg.model, cfg.seed) if dense is None else dense
+    draw = Draw(cfg.dropout, cfg.seed) if cfg.dropout else None
+    if draw is not None:  # one process holds every row, position and column of every site
+        place_dropout(model, draw, cfg.model.seq_len)
     data = make_data(cfg)
     opt = Adam([p for _, p in model.named_parameters()], lr=cfg.lr)
     moes = [(f"h.{name}.mlp", blk.mlp) for name, blk in model.blocks() if moe_layers(blk.mlp)]
@@ -354,6 +379,8 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
             moe.groups, moe.aux_groups, moe.log = cfg.dp * m, m, []
     losses, steps = [], steps if steps is not None else cfg.steps
     for step in (progress or (lambda it, **_: it))(range(steps), desc="one-process reference", total=steps, unit="step"):
+        if draw is not None:
+            draw.at(step=step, rows=rows)  # the global row of each of the batch's rows, in their order here
         loss, norm = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows], cfg.clip)
         if norms is not None:
             norms.append(norm)

@@ -7,6 +7,7 @@ EXPECT 7.2: peak_inflight called minipar.pipeline.schedules.inflight_profile: mi
 EXPECT 7.3: dp_all_reduce_time called minipar.lessons.planning.hierarchical_time: minipar's own answer
 EXPECT 7.4: choose_config called minipar.plan.models.
 EXPECT 7.4: minipar.plan.search.search
+EXPECT 7.6: model_params called minipar.plan.models.
 """
 from minipar.labs.lab07_solution import activation_bytes  # noqa: F401  the answer to 7.1, imported
 from minipar.lessons import planning
@@ -30,3 +31,11 @@ def choose_config(job, predict):
     prob = plan.Problem(plan.model(spec.name), job["gpus"], job["gpus_per_node"], plan.preset(name), job["batch"])
     best = plan.search(prob, dict(cp=1, zero=0, schedule="1f1b", chunks=1), top=1).best
     return dict(tp=best.tp, pp=best.pp, dp=best.dp, microbatch=best.microbatch_size(prob.batch), recompute=best.recompute)
+
+
+def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
+    """The planner's ModelSpec counts them."""
+    from minipar.plan.models import ModelSpec
+
+    return ModelSpec(layers, hidden, heads, 1, vocab, ffn=ffn, kv_heads=kv_heads, mlp=mlp, norm=norm, bias=bias,
+                     qkv_bias=bias, tied=tied, positions="rope").params()

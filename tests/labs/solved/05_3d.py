@@ -47,3 +47,13 @@ def train_step(grid, pipeline, grads, tied):
         tied[...] = s
     for g in grads:
         g[...] = all_reduce(grid.dp, g) / grid.dp.size
+
+
+def dropout_mask(comm, key, rows, positions, cols, shape, p):
+    k = np.random.SeedSequence(list(key)).generate_state(2, np.uint64)  # Philox's key from (seed, step, layer, site)
+    lo, hi = cols
+    out = []
+    for r in rows:  # the counter is the global row: any rank can start there
+        u = np.random.Generator(np.random.Philox(key=k, counter=[0, int(r), 0, 0])).random(shape)  # (T, D)
+        out.append(u[np.asarray(positions)][:, lo:hi] >= p)
+    return np.stack(out)

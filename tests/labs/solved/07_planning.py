@@ -76,3 +76,18 @@ def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, a
     n = batch * hidden * dtype_bytes  # the layer's output, summed over the t ranks
     ring = 2 * (t - 1) * alpha + 2 * (t - 1) / t * n * beta
     return max(read, compute) + 2 * layers * ring
+
+
+def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
+    d = hidden // heads
+    q, kv = heads * d, kv_heads * d
+    attention = hidden * q + 2 * hidden * kv + q * hidden      # Q, K and V, the projection
+    mlp_in = 2 if mlp == "swiglu" else 1                       # gate and up, or fc1
+    ffn_p = mlp_in * hidden * ffn + ffn * hidden               # + down (fc2)
+    if bias:
+        attention += q + 2 * kv + hidden
+        ffn_p += mlp_in * ffn + hidden
+    norm_p = 2 * hidden if norm == "layernorm" else hidden
+    block = attention + ffn_p + 2 * norm_p
+    ends = vocab * hidden + (0 if tied else vocab * hidden) + norm_p
+    return layers * block + ends
