@@ -14,9 +14,11 @@ The next token is the argmax over the whole vocabulary, which no rank holds: eac
 its V/p logits, then an all-reduce(max) of the values and an all-reduce(min) of the indices that
 reach it (the smallest index wins a tie, as ``numpy.argmax``).
 
-Does TP make decoding faster? Each rank does 1/p of every matmul, but a token's matmuls are
-small (B x C by C x 3C/p) and every block adds two all-reduces of latency; ``minipar generate``
-prints the time per token, and docs/benchmarks_train.md measures it at TP = 1, 2, 4.
+Does TP make decoding faster? A token reads every weight once and does 2 FLOPs per weight: it
+is bound by memory bandwidth, and each of p ranks reads only its 1/p of the weights, while every
+block adds two all-reduces of latency. Which wins depends on the width: ``minipar generate``
+prints the time per token, and docs/inference.md measures it from cache-resident to DRAM-bound
+widths (``minipar bench inference``) beside the roofline's prediction.
 """
 from __future__ import annotations
 
