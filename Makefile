@@ -2,12 +2,15 @@
 #   make tour    the tour of the lessons on real ranks
 #   make test    the whole test suite: about 25 minutes on 2 cores (24 measured, quiet); it names
 #                each test file as it starts (a progress bar per long command: MINIPAR_PROGRESS=1)
+#                (as root it also installs Debian's chromium for tests/test_site.py)
+#   make site    the course site into site/ (docs/site.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+SITE_STAMP := $(VENV)/.installed-site
 
-.PHONY: tour test venv figures clean lint notebooks lab
+.PHONY: tour test venv figures clean lint notebooks lab site browser
 
 venv: $(STAMP)
 
@@ -24,11 +27,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+# the site's packages (mkdocs and its plugins, selenium): for make site and the tests, not the tour
+$(SITE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[site]"
+	touch $(SITE_STAMP)
+
 tour: $(STAMP)
 	$(BIN)/minipar tour
 
-test: $(STAMP)
+test: $(SITE_STAMP) browser
 	$(BIN)/python -m pytest -q --durations=15
+
+# the browser tests/test_site.py drives: Debian's chromium and its driver, installed once where
+# this runs as root with apt-get (CI, the course machines); elsewhere that test is skipped and says why
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -q && apt-get install -y -q chromium chromium-driver; \
+	else echo "no chromium/chromedriver and not root: tests/test_site.py will be skipped (apt-get install chromium chromium-driver)"; fi
+
+# the course site, into site/ (docs/site.md): open site/index.html, or serve it with
+#   python -m http.server -d site 8000
+site: $(SITE_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+	@echo "the site is in site/: open site/index.html"
 
 # the committed figures/, from real runs: about 11 minutes on 2 cores
 figures: $(STAMP)
@@ -48,4 +70,4 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 clean:
-	rm -rf $(VENV) tour-output figures-out .pytest_cache
+	rm -rf $(VENV) tour-output figures-out .pytest_cache site

@@ -356,6 +356,49 @@ _ALL_REDUCE = {
 }
 
 
+# --------------------------------------------------------------------------- two link levels
+
+
+def node_groups(comm, ranks_per_node):
+    """(intra, inter) for ranks placed on nodes in blocks, as ``mpiexec -hosts a:R,b:R`` and
+    torchrun place them: rank r sits on node r // R with local index r % R.
+
+    intra: the R ranks of my node (fast link: shared memory, NVLink). inter: the ranks with my
+    local index, one per node (the slow link: the network). Both keep the world's order.
+    """
+    if not isinstance(ranks_per_node, int) or ranks_per_node < 1 or comm.size % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node!r} must divide the {comm.size} ranks")
+    intra = comm.split(comm.rank // ranks_per_node, key=comm.rank, name="node")
+    inter = comm.split(comm.rank % ranks_per_node, key=comm.rank, name="across_nodes")
+    return intra, inter
+
+
+def hierarchical_all_reduce(intra, inter, x, op="sum"):
+    """All-reduce over two link levels (``intra``, ``inter`` from :func:`node_groups`): the slow
+    link carries each byte once per node instead of once per rank.
+
+    1. reduce-scatter inside the node (ring on ``intra``): local rank l holds the node's sum of shard l;
+    2. all-reduce of shard l among the nodes (ring on ``inter``: my peers with local index l);
+    3. all-gather inside the node (ring on ``intra``): everyone has every reduced shard.
+
+    With N nodes of R ranks, intra link (a1, b1), a node's uplink (a2, b2) shared by its R rings:
+    cost 2(R-1)(a1 + n/R b1) + 2(N-1)(a2 + n/N b2); a flat ring on the same placement pays
+    2(p-1)(a2 + n/p b2), since every step waits for the chunk that crosses the uplink
+    (``costmodel.two_level_allreduce_time``). Uplink bytes per node: 2(N-1)/N n, against
+    2(p-1)/p n for the flat ring.
+    """
+    _check(intra, op)
+    buf = xp.copy(x)
+    flat = xp.flat(buf)
+    bounds = xp.chunk_bounds(flat.shape[0], intra.size)  # shard l: local rank l's
+    a, b = bounds[intra.rank]
+    with intra.region("all_reduce:hierarchical", "collective"):
+        drain(ring_steps(intra, flat, bounds, TAG + 13, ("reduce-scatter",), op))
+        drain(ring_steps(inter, flat[a:b], None, TAG + 14, op=op))  # only my shard crosses the nodes
+        drain(ring_steps(intra, flat, bounds, TAG + 15, ("all-gather",)))
+    return buf
+
+
 # --------------------------------------------------------------------------- all-to-all
 
 

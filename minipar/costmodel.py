@@ -48,6 +48,31 @@ def allreduce_time(algorithm, n, p, alpha, beta, gamma=0.0):
     raise ValueError(f"algorithm={algorithm!r}: no cost formula")
 
 
+def two_level_allreduce_time(algorithm, n, nodes, per_node, intra, inter, gamma=0.0):
+    """Predicted seconds for one all-reduce of n bytes on ``nodes`` x ``per_node`` ranks placed in
+    blocks, over two links: ``intra`` = (alpha, beta) inside a node, ``inter`` = (alpha, beta) of
+    a node's uplink, which all its ranks share.
+
+    "ring" (flat): 2(p-1) steps; in each, every rank passes n/p bytes to its right neighbour, and
+        on each node one of those hops crosses the uplink, so a step lasts as long as the slower
+        hop: 2(p-1) max(a1 + n/p b1, a2 + n/p b2).
+    "hierarchical": reduce-scatter and all-gather inside the node, 2(R-1)(a1 + n/R b1); between
+        them R rings, one per local index, each of N ranks on a shard of n/R, side by side on the
+        uplink: 2(N-1) steps moving R * n/(RN) = n/N bytes through it, 2(N-1)(a2 + n/N b2).
+    """
+    (a1, b1), (a2, b2) = intra, inter
+    p, R, N = nodes * per_node, per_node, nodes
+    if algorithm == "ring":
+        if p == 1:
+            return 0.0
+        hop = max(a1 + n / p * b1, a2 + n / p * b2) if N > 1 else a1 + n / p * b1
+        return 2 * (p - 1) * hop + (p - 1) / p * n * gamma
+    if algorithm == "hierarchical":
+        return (2 * (R - 1) * (a1 + n / R * b1) + 2 * (N - 1) * (a2 + n / N * b2)
+                + ((R - 1) / R * n + (N - 1) / N * n / R) * gamma)
+    raise ValueError(f"algorithm={algorithm!r}: no two-level formula (ring or hierarchical)")
+
+
 def all_gather_time(n, p, alpha, beta):
     """Ring; n = bytes of the gathered output."""
     return (p - 1) * alpha + (p - 1) / p * n * beta

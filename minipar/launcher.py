@@ -126,7 +126,7 @@ def target_name(target) -> str:
 
 def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None, trace: bool = False,
            watchdog: float | None = None, job_timeout: float | None = None, quiet: bool = False,
-           on_line=None, **kwargs) -> LaunchResult:
+           on_line=None, via=None, env: dict | None = None, **kwargs) -> LaunchResult:
     """Run ``target(comm, **kwargs)`` on ``n`` ranks and collect each rank's return value.
 
     backend/device: as in :func:`minipar.init`. trace: record and merge every rank's events.
@@ -134,6 +134,8 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
     job_timeout: hard wall-clock limit for the whole job (default: watchdog + 120 s).
     quiet: do not echo the ranks' output (it is still returned in ``.output``).
     on_line: called with each line the ranks print, as it arrives (a progress bar counts phases).
+    via: ``via(n, rank_command) -> command`` starts the ranks another way than ``mpiexec -n n``
+    (``minipar.cluster`` puts them on its nodes); env: variables the ranks get besides ours.
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise UsageError(f"n={n!r}: the number of ranks must be a positive int")
@@ -153,10 +155,10 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
             spec_path, result_path = os.path.join(tmp, "spec.pkl"), os.path.join(tmp, "result.pkl")
             with open(spec_path, "wb") as f:
                 pickle.dump(spec, f)
-            cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", "-m", "minipar._worker",
-                   spec_path, result_path]
+            ranks = [sys.executable, "-m", "mpi4py", "-m", "minipar._worker", spec_path, result_path]
+            cmd = via(n, ranks) if via else [mpiexec(), "-n", str(n), *ranks]
             limit = job_timeout or ((watchdog or 600) + 120)
-            env = rank_env()
+            env = {**rank_env(), **(env or {})}
             env["MINIPAR_WATCHDOG_DIR"] = tmp  # a watchdog report folder dies with this one
             code, output = run_streaming(cmd, limit, echo=not quiet, env=env, on_line=on_line)
             if code != 0 or not os.path.exists(result_path):

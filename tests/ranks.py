@@ -168,3 +168,56 @@ def step_peak(comm, recompute):
         return tracemalloc.get_traced_memory()[1] - base, tr.memory()["activations"]
     finally:
         tracemalloc.stop()
+
+
+
+def hierarchical(comm, per_node=(1, 2, 3), lengths=(1, 3, 16, 37), mutant=None):
+    """For each ranks-per-node count: the hierarchical all-reduce (or a planted bug, ``mutant``)
+    against the builtin, and the bytes this rank sent to ranks on other nodes (from the trace)
+    against the exact message list. {R: {max_error, cross, want_cross, intra, inter}}."""
+    from minipar.cluster.traffic import messages
+
+    out = {}
+    for R in per_node:
+        intra, inter = C.node_groups(comm, R)
+        impl = C.hierarchical_all_reduce
+        if mutant == "wrong_peers":  # across nodes, local rank l meets local rank l+1 of the next node
+            inter = comm.split((comm.rank % R - comm.rank // R) % R, key=comm.rank)
+        elif mutant == "full_buffer":
+            impl = hierarchical_full_buffer
+        comm.tracer.enabled = True
+        errs, cross, want_cross = [], 0, 0
+        for n in lengths:
+            for shape in ((n,), (n, 2)):
+                x = comm.asarray(np.random.default_rng([7, comm.rank, n]).standard_normal(shape))
+                comm.tracer.clear()
+                got = impl(intra, inter, x)
+                cross += sum(e.bytes for e in comm.tracer.events if e.kind == "isend" and e.peer // R != comm.rank // R)
+                size = int(np.prod(shape))
+                want_cross += 8 * sum(e for s, d, e in messages("hierarchical", size, comm.size // R, R)
+                                      if s == comm.rank and s // R != d // R)
+                errs.append(rel_error(got, comm.builtin.all_reduce(x)))
+                assert tuple(got.shape) == shape
+        comm.tracer.enabled = False
+        out[R] = {"max_error": max(errs), "cross": cross, "want_cross": want_cross,
+                  "intra": intra.world_ranks, "inter": inter.world_ranks}
+    return out
+
+
+def hierarchical_full_buffer(intra, inter, x, op="sum"):
+    """Planted bug: the step across nodes all-reduces the whole buffer, not my shard (right sums,
+    R times the bytes on the slow link)."""
+    buf = C.xp.copy(x)
+    flat = C.xp.flat(buf)
+    bounds = C.xp.chunk_bounds(flat.shape[0], intra.size)
+    C.drain(C.ring_steps(intra, flat, bounds, C.TAG + 13, ("reduce-scatter",), op))
+    C.drain(C.ring_steps(inter, flat, None, C.TAG + 14, op=op))
+    C.drain(C.ring_steps(intra, flat, bounds, C.TAG + 15, ("all-gather",)))
+    return buf
+
+
+def hierarchical_and_mutants(comm):
+    """One job for the hierarchical all-reduce's tests: itself on nodes of 1, 2 and 3 ranks, and
+    each planted bug on nodes of 2 (even lengths: the wrong peers hold shards of the same size)."""
+    return {"ok": hierarchical(comm, (1, 2, 3)),
+            **{m: hierarchical(comm, (2,), (8, 16), mutant=m)[2] for m in ("full_buffer", "wrong_peers")}}

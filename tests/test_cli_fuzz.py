@@ -37,6 +37,8 @@ VERBS = {
     "plan": (["plan", "--model", "megatron-1.7b", "--gpus", "8", "--global-batch", "64"],
              {"--gpus": set(), "--gpus-per-node": set(), "--global-batch": set(), "--top": set(),
               "--link-slowdown": {"1000000000000"}}),
+    "infer": (["infer", "--model", "llama3-8b"], {"--tp": set(), "--pp": set(), "--batch": set(), "--context": set(),
+                                                  "--prompt": set(), "--layers": set(), "--heads": set()}),
     "schedule": (["schedule", "1f1b"], {"--stages": set(), "--microbatches": set(), "--chunks": set()}),
     "search": (["search"], {"--ranks": set(), "--budget": {"1000000000000"}, "--reps": set()}),
     "tour": (["tour"], {"-n": set()}),

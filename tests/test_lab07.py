@@ -191,6 +191,25 @@ def test_mistaken_arguments_are_refused_before_any_rank_starts():
         hierarchical_time(1 << 20, 12, 8, (1e-6, 1e-10), (1e-5, 1e-9))
 
 
+DECODE_MISTAKES = ["compute-bound arithmetic", "every rank reading all the weights", "an all-reduce of the whole weight",
+                   "memory time + compute time", "the memory time only", "no all-reduce", "one all-reduce per layer"]
+
+
+@pytest.mark.parametrize("key", DECODE_MISTAKES)
+def test_every_decode_mistake_is_caught_and_named(key):
+    def check(comm, fn):  # the learner's arguments: the case's machine is four of them
+        return lab07.check_decode_time(comm, lambda W, L, h, t, B, bw, peak, a, b, w: fn(W, L, h, t, B, (bw, peak, a, b), w))
+
+    caught_and_named(key, [c[1:] for c in lab07.DECODE_CASES], lab07.decode_mistakes, lab07.token_seconds_of_case, check)
+
+
+def test_decode_time_refuses_the_planner():
+    from minipar.plan import inference
+
+    fails = lab07.check_decode_time(None, lambda *a: inference.token_seconds(*a))
+    assert "decode_time called minipar.plan.inference.token_seconds" in fails[0], fails
+
+
 PARAMS_MISTAKES = ["K and V as wide as Q", "two MLP matrices", "a bias in every RMSNorm", "LayerNorms without their bias",
                    "the output layer counted though it is tied", "no output layer", "no biases",
                    "biases where the model has none", "no final norm", "one norm per block"]

@@ -8,8 +8,8 @@ verb and flags. A non-zero exit fails the test, naming the README's line.
 
 Not run here: `make tour` (`minipar tour` on every lesson, which tests/test_tour_figures.py runs
 in part), `make test` (the suite this test is in), `make lab` and `make notebooks` (JupyterLab;
-every notebook re-executed, as tests/test_notebooks.py does), and the `mpiexec`/`torchrun` lines
-(the engines' launchers: tests/test_launchers.py).
+every notebook re-executed, as tests/test_notebooks.py does), `make site` (tests/test_site.py
+builds it), and the `mpiexec`/`torchrun` lines (the engines' launchers: tests/test_launchers.py).
 """
 from __future__ import annotations
 

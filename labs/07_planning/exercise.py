@@ -83,6 +83,24 @@ def choose_config(job, predict):
     raise NotImplementedError("lab 7.4")
 
 
+def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, alpha, beta, dtype_bytes=2):
+    """Seconds of one decode step (each of ``batch`` sequences gets its next token) at tensor
+    parallelism t, every weight split over the t ranks, no KV cache.
+
+    weight_bytes: the model's weights (dtype_bytes each); layers, hidden: its blocks and width;
+    bandwidth: bytes/s one rank reads from its own memory; peak_flops: FLOP/s one rank computes;
+    alpha, beta: the link between ranks, a message of m bytes costing alpha + m * beta.
+
+    A decode step reads every weight once and does 2 FLOPs per weight and sequence (a
+    multiply-add). It takes the longer of its reading and its computing (they overlap: the
+    roofline). After each layer's attention and after its MLP the t ranks' partial outputs, a
+    (batch x hidden) activation, are summed by a ring all-reduce: 2(t-1) alpha + 2(t-1)/t m beta.
+    decode_time(8e8, 8, 1024, 1, 1, 5e9, 1.5e10, 1e-5, 2e-10, 8) -> 0.16 (8e8 bytes at 5 GB/s)
+    """
+    # TODO(lab7.5): the roofline of one rank's share of the weights, then the all-reduces
+    raise NotImplementedError("lab 7.5")
+
+
 def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
     """Parameters of a decoder-only transformer: ``layers`` blocks, the token embedding (vocab x
     hidden), the output layer (the embedding itself when ``tied``, else a vocab x hidden matrix of

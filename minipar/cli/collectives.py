@@ -5,6 +5,7 @@
     mpiexec -n 4 python -m mpi4py -m minipar bench collectives --json out.json   # already on ranks
 
 The checks are ``minipar.lessons.collectives``, the benchmark ``minipar.bench.collectives``.
+The lesson's ``minipar cluster`` verbs (nodes on one machine) are in ``minipar/cli/cluster.py``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from .common import (SIZE_HELP, in_mpi_job, lesson_run_parser, output_path, posi
 
 
 def add_verbs(verbs):
+    from .cluster import add_verbs as add_cluster_verbs
+
+    add_cluster_verbs(verbs)  # ``minipar cluster ...``: the same collectives across (emulated) machines
     rc = lesson_run_parser(verbs.run, "collectives", "every from-scratch collective vs the builtin",
                            "minipar run -n 5 collectives --backend torch --trace trace.json")
     rc.set_defaults(func=cmd_run)

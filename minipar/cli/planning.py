@@ -35,6 +35,7 @@ from ..plan.models import MLPS, MODELS, NORMS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
 from ..records import write_json
+from .inference import add_verbs as add_inference_verbs
 from .common import bounded, lesson_run_parser, output_path, positive_float, progress, ranks, run_and_report, with_example
 
 # The planner enumerates every split of the GPUs (and of the batch) into dp x tp x pp x ...: past
@@ -86,6 +87,7 @@ def add_verbs(verbs):
     bench_plan.add_arguments(h)
     h.set_defaults(func=cmd_bench_plan)
 
+    add_inference_verbs(verbs)  # ``minipar infer``, ``minipar bench inference`` (serving: minipar/cli/inference.py)
     v = verbs.bench.add_parser(
         "published", help="the planner against published training runs: each row's prediction and error",
         description="Reproduces each published run of docs/planner_validation.md with the presets as they are: "

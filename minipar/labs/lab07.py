@@ -12,6 +12,8 @@ equals what a typical mistake gives, the message names the mistake:
 * 7.3 ``dp_all_reduce_time``: the hierarchical all-reduce on a two-level network, against
   ``plan.timing.dp_collective``;
 * 7.4 ``choose_config``: a search with the planner's ``predict`` handed in (``lab07_choose``);
+* 7.5 ``decode_time``: one decode step at TP = t, the memory-bandwidth roofline plus the
+  all-reduces, against ``plan.inference.token_seconds``;
 * 7.6 ``model_params``: the parameters of today's shapes (GQA, SwiGLU, RMSNorm, untied output),
   against ``plan.models.ModelSpec.params`` (``lab07_params``).
 
@@ -31,6 +33,7 @@ from ..comm.link import LINKS
 from ..lessons.planning import hierarchical_time
 from ..pipeline import gpipe, interleaved_1f1b, naive, one_f_one_b, zero_bubble_h1
 from ..pipeline.schedules import Action, inflight_profile
+from ..plan.inference import token_seconds
 from .grader import Task
 from .lab07_params import PARAMS_HINTS
 from .lab07_reference import Watch, call_watched, reference_activation_bytes, refused
@@ -44,6 +47,7 @@ TASKS = [
     Task("7.3", "two-level all-reduce time", "dp_all_reduce_time", f"{HERE}:check_dp_all_reduce_time", sizes=(1,)),
     Task("7.4", "choose a configuration", "choose_config", "minipar.labs.lab07_choose:check_choose_config", sizes=(1,),
          budget=20),  # 1.3 s
+    Task("7.5", "per-token decode time at TP = t", "decode_time", f"{HERE}:check_decode_time", sizes=(1,)),
     Task("7.6", "parameters of today's models", "model_params", "minipar.labs.lab07_params:check_model_params",
          sizes=(1,)),
 ]
@@ -111,6 +115,21 @@ HINTS = {
             if est.memory_bytes <= job["capacity_bytes"] and (best is None or (est.step_s, est.memory_bytes) < best key):
                 best = dict(tp=tp, pp=pp, dp=dp, microbatch=mb, recompute=rec), with its key
         return best
+        """,
+    ),
+    "7.5": (
+        """Decoding one token reads every weight once and does 2 FLOPs per weight and sequence: at
+        small batch it is bound by memory bandwidth, not by compute (docs/inference.md). With
+        tensor parallelism each rank reads only its 1/t of the weights; what TP adds is the
+        all-reduce of each layer's output, a (batch x hidden) activation, not of any weight.""",
+        """read = weight_bytes / t / bandwidth; compute = 2 x batch x (weight_bytes / dtype_bytes) / t
+        / peak_flops; the step takes the slower of the two (the roofline). Then 2 all-reduces per
+        layer (attention, MLP), each a ring over t ranks of n = batch x hidden x dtype_bytes bytes:
+        2 (t-1) alpha + 2 (t-1)/t n beta (0 when t = 1).""",
+        """
+        n = batch * hidden * dtype_bytes
+        ring = 2 * (t - 1) * alpha + 2 * (t - 1) / t * n * beta
+        return max(read, compute) + 2 * layers * ring
         """,
     ),
     **PARAMS_HINTS,
@@ -360,3 +379,63 @@ def check_dp_all_reduce_time(comm, fn):
             continue
         return [f"{label}: {call} = {got}, expected {want:.9g} s" + hint(got, all_reduce_mistakes(N, n, k, intra, inter))]
     return []
+
+
+# ---------------------------------------------------------------- 7.5: a decode step at TP = t
+
+_A100 = (2.039e12, 312e12 * 0.71, 3e-6, 1 / (300e9 * 0.82))  # bandwidth, usable peak, NVLink alpha and beta
+_H100 = (3.35e12, 989e12 * 0.71, 3e-6, 1 / (450e9 * 0.82))
+_HERE = (5.0e9, 1.5e10, 1.4e-5, 2e-10)  # this machine: one core's DRAM share, float64 matmul, shared memory
+DECODE_CASES = [  # (label, weight_bytes, layers, hidden, t, batch, (bandwidth, peak, alpha, beta), dtype_bytes), smallest first
+    ("lesson 05's GPT, d = 1024, one rank of this machine", 8.05e8, 8, 1024, 1, 1, _HERE, 8),
+    ("the same GPT at TP = 2", 8.05e8, 8, 1024, 2, 1, _HERE, 8),
+    ("Llama 2 7B on one A100", 13.5e9, 32, 4096, 1, 1, _A100, 2),
+    ("Llama 2 7B at TP = 2 on A100s", 13.5e9, 32, 4096, 2, 1, _A100, 2),
+    ("Llama 2 7B at TP = 8 on A100s", 13.5e9, 32, 4096, 8, 1, _A100, 2),
+    ("Llama 2 7B at TP = 2, batch 512 (past the ridge point: compute-bound)", 13.5e9, 32, 4096, 2, 512, _A100, 2),
+    ("Llama 2 70B at TP = 8 on H100s, batch 16", 1.38e11, 80, 8192, 8, 16, _H100, 2),
+]
+
+
+def decode_mistakes(W, L, h, t, B, machine, w) -> dict:
+    """{what the typical mistake is: the seconds it gives} for one case."""
+    bw, peak, alpha, beta = machine
+    read, compute = W / t / bw, 2 * B * (W / w) / t / peak
+    ring = lambda n: 2 * (t - 1) * alpha + 2 * (t - 1) / t * n * beta if t > 1 else 0.0  # noqa: E731
+    comm = 2 * L * ring(B * h * w)
+    return {  # the most specific first: several mistakes can give the same seconds
+        "compute-bound arithmetic, FLOPs / peak: at this batch a decode step does 2 FLOPs per weight it reads, "
+        "far below the ridge point, so reading the weights at the memory bandwidth takes longer": compute + comm,
+        "every rank reading all the weights: with tensor parallelism each rank holds and reads only its 1/t "
+        "of every matrix, which is why TP cuts the per-token time": max(W / bw, compute) + comm,
+        "an all-reduce of the whole weight: TP all-reduces each layer's output, a (batch x hidden) activation "
+        "of a few KB, never a weight": max(read, compute) + 2 * L * ring(W),
+        "memory time + compute time: the roofline takes the slower of the two, they overlap":
+            read + compute + comm,
+        "the memory time only: past the ridge point (batch x 2 / dtype_bytes FLOPs per byte > peak / bandwidth) "
+        "the FLOPs take longer than the reading": read + comm,
+        "no all-reduce: each layer's attention and MLP outputs are partial sums, all-reduced over the t ranks":
+            max(read, compute),
+        "one all-reduce per layer: there are two, after the attention and after the MLP": max(read, compute) + comm / 2,
+    }
+
+
+def check_decode_time(comm, fn):
+    watch = Watch()
+    for label, W, L, h, t, B, machine, w in DECODE_CASES:
+        bw, peak, alpha, beta = machine
+        call = (f"decode_time(weight_bytes={W:g}, layers={L}, hidden={h}, t={t}, batch={B}, bandwidth={bw:g}, "
+                f"peak_flops={peak:g}, alpha={alpha:g}, beta={beta:g}, dtype_bytes={w})")
+        got, calls = call_watched(fn, W, L, h, t, B, bw, peak, alpha, beta, w, watch=watch)
+        if calls:
+            return refused("decode_time", calls, "write the roofline and the all-reduces yourself")
+        want = token_seconds_of_case(W, L, h, t, B, machine, w)
+        if close(got, want):
+            continue
+        return [f"{label}: {call} = {got}, expected {want:.9g} s" + hint(got, decode_mistakes(W, L, h, t, B, machine, w))]
+    return []
+
+
+def token_seconds_of_case(W, L, h, t, B, machine, w) -> float:
+    """The answer to one of ``DECODE_CASES`` (without its label)."""
+    return token_seconds(W, L, h, t, B, *machine, w)

@@ -4,6 +4,7 @@ import numpy as np
 from ..lessons.planning import hierarchical_time
 from ..pipeline.schedules import inflight_profile
 from ..plan import ModelSpec, Problem, preset
+from ..plan.inference import token_seconds
 from ..plan.memory import stored_activations
 from ..plan.search import divisors
 
@@ -43,6 +44,12 @@ def choose_config(job, predict):
                     if est.memory_bytes <= job["capacity_bytes"] and (best is None or key < best[0]):
                         best = (key, dict(tp=tp, pp=pp, dp=dp, microbatch=mb, recompute=rec))
     return best[1] if best else None
+
+
+def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, alpha, beta, dtype_bytes=2):
+    """``plan.inference.token_seconds``: the roofline of one rank's 1/t of the weights, plus 2 ring
+    all-reduces per layer of the (batch x hidden) activation."""
+    return token_seconds(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, alpha, beta, dtype_bytes)
 
 
 def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):

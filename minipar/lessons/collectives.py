@@ -42,12 +42,14 @@ def verify(comm, lengths=DEFAULT_LENGTHS, dtypes=("float64", "float32", "int64")
                     "ok": bool(err <= tol), "rank": comm.rank})
 
     b = comm.builtin
+    nodes = C.node_groups(comm, 2 if comm.size % 2 == 0 else 1)  # "nodes" of 2 ranks (of 1 for odd counts)
     for dtype in dtypes:
         for n in lengths:
             x = draw(comm, n, dtype, seed)
             want = b.all_reduce(x)
             for alg in C.ALGORITHMS:
                 record(f"all_reduce:{alg}", dtype, n, C.all_reduce(comm, x, alg), want)
+            record("all_reduce:hierarchical", dtype, n, C.hierarchical_all_reduce(*nodes, x), want)
             record("reduce_scatter", dtype, n, C.reduce_scatter(comm, x), b.reduce_scatter(x))
             bounds = chunk_bounds(n, comm.size)
             lo, hi = bounds[comm.rank]

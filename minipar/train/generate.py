@@ -14,9 +14,11 @@ The next token is the argmax over the whole vocabulary, which no rank holds: eac
 its V/p logits, then an all-reduce(max) of the values and an all-reduce(min) of the indices that
 reach it (the smallest index wins a tie, as ``numpy.argmax``).
 
-Does TP make decoding faster? Each rank does 1/p of every matmul, but a token's matmuls are
-small (B x C by C x 3C/p) and every block adds two all-reduces of latency; ``minipar generate``
-prints the time per token, and docs/benchmarks_train.md measures it at TP = 1, 2, 4.
+Does TP make decoding faster? A token reads every weight once and does 2 FLOPs per weight: it
+is bound by memory bandwidth, and each of p ranks reads only its 1/p of the weights, while every
+block adds two all-reduces of latency. Which wins depends on the width: ``minipar generate``
+prints the time per token, and docs/inference.md measures it from cache-resident to DRAM-bound
+widths (``minipar bench inference``) beside the roofline's prediction.
 """
 from __future__ import annotations
 
@@ -85,9 +87,10 @@ def forward_cached(model, ids, caches, start):
     return model.head.forward(x)[0]
 
 
-def generate(comm, model, prompt, n_new, use_cache=True):
+def generate(comm, model, prompt, n_new, use_cache=True, times=None):
     """(ids (B, T0 + n_new) as NumPy, seconds per new token). ``use_cache=False`` runs the whole
-    sequence through the model for every token instead (the reference the cache must equal)."""
+    sequence through the model for every token instead (the reference the cache must equal).
+    ``times``: a list that gets each decoded token's (wall, CPU) seconds, the prefill's excluded."""
     xp = namespace(model.embed.params["wte"])
     lo = model.head.owner().vocab_start
     ids = comm.asarray(np.asarray(prompt, dtype=np.int64))  # (B, T0)
@@ -96,6 +99,7 @@ def generate(comm, model, prompt, n_new, use_cache=True):
     for i in range(n_new):
         if i == 1:
             t0 = time.perf_counter()  # after the prefill: decoding only
+        w, c = time.perf_counter(), time.process_time()
         if use_cache:
             new = ids if i == 0 else ids[:, -1:]
             logits = forward_cached(model, new, caches, ids.shape[1] - new.shape[1])
@@ -103,5 +107,7 @@ def generate(comm, model, prompt, n_new, use_cache=True):
             logits, _ = model.forward(ids)
         nxt = greedy_token(comm, logits[:, -1, :], lo)  # (B,)
         ids = xp.concat([ids, nxt[:, None]], axis=1)
+        if times is not None and i >= 1:
+            times.append((time.perf_counter() - w, time.process_time() - c))
     per_token = (time.perf_counter() - t0) / (n_new - 1) if n_new > 1 else 0.0
     return to_numpy(ids), per_token

@@ -70,6 +70,14 @@ def choose_config(job, predict):
     return best
 
 
+def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, alpha, beta, dtype_bytes=2):
+    read = weight_bytes / t / bandwidth  # this rank's 1/t of the weights, from its own memory
+    compute = 2 * batch * (weight_bytes / dtype_bytes) / t / peak_flops  # a multiply-add per weight and sequence
+    n = batch * hidden * dtype_bytes  # the layer's output, summed over the t ranks
+    ring = 2 * (t - 1) * alpha + 2 * (t - 1) / t * n * beta
+    return max(read, compute) + 2 * layers * ring
+
+
 def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="layernorm", bias=True, tied=True):
     d = hidden // heads
     q, kv = heads * d, kv_heads * d

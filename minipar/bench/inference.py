@@ -1,0 +1,258 @@
+"""``minipar bench inference``: decoding measured where it is memory-bound, beside the roofline.
+
+    minipar bench inference --json docs/inference.json          # a few minutes on 2 cores
+    minipar bench inference --quick                              # seconds: two small widths
+
+One run measures, on this machine, one BLAS thread per rank:
+
+- the machine: ``plan.machine.measure`` on 1 rank and on 2 ranks at once (matmul rate, a
+  STREAM-like ``c = a + b`` over arrays far larger than the last-level cache, ping-pong alpha
+  and beta): the bandwidth one process gets alone, and each of two reading together;
+- lesson 05's greedy generation with a KV cache (``train.generate``) of a random GPT of width
+  d (8 layers, 8 heads, float64) at TP = 1 and 2, each in its own job: first the STREAM rate
+  of its ranks reading at once (the prediction's bandwidth: measured beside the decoding, under
+  the same load), timed by the wall clock and by the CPU clock (only while the rank ran); then
+  the prompt's prefill, then seconds per new token (the median over the tokens of the slowest
+  rank's; its CPU seconds beside, predicted from the CPU-clock STREAM), the weight bytes each rank holds (counted
+  from its arrays) and reads per token, and the weight-read bandwidth that implies;
+- the batch: decode steps of B sequences at TP = 1 on one DRAM-bound width, and a prefill of
+  T prompt tokens: where a step stops costing the same whatever B (memory-bound) and grows
+  with B (compute-bound), against the roofline's B* = matmul rate / bandwidth x 8 / 2.
+
+Each (width, TP) job runs twice, the rounds interleaved, and the faster is kept. Every row carries
+``plan.inference``'s prediction from the measured machine. The record is what
+``minipar.figures.inference`` draws and docs/inference.md quotes. Timings taken on a machine
+shared with other jobs come out slow and noisy: the record keeps the load average.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ..records import write_json
+
+WIDTHS = (64, 256, 512, 1024)  # 8 layers: 3 MB, 50 MB, 200 MB, 800 MB of float64 weights
+QUICK_WIDTHS = (64, 256)
+LAYERS, HEADS, VOCAB = 8, 8, 64
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+QUICK_BATCHES = (1, 4)
+STREAM_BYTES = 256 << 20  # per array: 3 x 256 MB, well past the 300 MB last-level cache of this machine
+
+
+def gpt_config(d, seq_len=64):
+    from ..train.model import GPTConfig
+
+    return GPTConfig(vocab=VOCAB, d_model=d, n_heads=HEADS, n_layers=LAYERS, seq_len=seq_len)
+
+
+def build(comm, cfg, seed=0):
+    """Lesson 05's GPT on the TP group ``comm``, random weights (the dense model dropped once sliced)."""
+    from ..train.model import GPT, build_stage
+
+    dense = GPT(cfg, seed)
+    model = build_stage(comm, dense, 0, 1)
+    del dense
+    return model
+
+
+def held_bytes(model) -> int:
+    """Bytes of the parameters this rank holds, counted from its arrays."""
+    return int(sum(p.nbytes for _, p in model.named_parameters()))
+
+
+def _slowest(comm, x):
+    return max(comm.builtin.allgather_object(float(x)))
+
+
+def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0, stream_bytes=STREAM_BYTES):
+    """Rank side: the STREAM bandwidth of every rank reading at once (the slowest rank's), then
+    prefill seconds, seconds per new token (slowest rank) and bytes held, at width d."""
+    from ..plan.machine import memory_rate
+    from ..train.generate import forward_cached, generate, greedy_token
+
+    def stream(clock):  # every rank reading at once, the slowest rank's rate
+        comm.barrier()
+        return min(comm.builtin.allgather_object(memory_rate(stream_bytes, 3, clock))) if stream_bytes else None
+
+    stream_wall, stream_cpu = stream(time.perf_counter), stream(time.process_time)
+    cfg = gpt_config(d, seq_len=prompt + n_new + 1)
+    model = build(comm, cfg, seed)
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab, (batch, prompt))
+    lo = model.head.owner().vocab_start
+    comm.barrier()
+    t0 = time.perf_counter()
+    logits = forward_cached(model, comm.asarray(ids), {}, 0)
+    greedy_token(comm, logits[:, -1, :], lo)
+    pre = time.perf_counter() - t0
+    times = []
+    out, per_token = generate(comm, model, ids, n_new, times=times)
+    wall = np.max(comm.builtin.allgather_object([w for w, _ in times]), axis=0)  # (n_new - 1,) slowest rank's
+    cpu = np.max(comm.builtin.allgather_object([c for _, c in times]), axis=0)
+    return {"d": d, "tp": comm.size, "batch": batch, "prompt": prompt, "n_new": n_new,
+            "prefill_s": _slowest(comm, pre), "token_s": float(np.median(wall)), "token_mean_s": _slowest(comm, per_token),
+            "token_best_s": float(wall.min()), "token_cpu_s": float(np.median(cpu)),
+            "held_bytes": held_bytes(model), "tokens": out.tolist()[0][-3:], "stream_now": stream_wall,
+            "stream_cpu": stream_cpu}
+
+
+def batch_rank(comm, d, batches, prompt=4, n_new=5, prefill_tokens=(16, 64), seed=0, stream_bytes=STREAM_BYTES):
+    """Rank side (1 rank): a decode step of B sequences for each B, a prefill of T tokens for each T
+    (median wall and CPU seconds), and this rank's matmul rate and STREAM by the CPU clock (the
+    roofline of the CPU-clock view)."""
+    from ..plan.machine import matmul_rate, memory_rate
+    from ..train.generate import forward_cached, generate
+
+    cpu_clock = {"peak_flops": matmul_rate(1024, "float64", 5, time.process_time),
+                 "bandwidth": memory_rate(stream_bytes, 3, time.process_time)}
+    cfg = gpt_config(d, seq_len=max(prompt + n_new + 1, *prefill_tokens))
+    model = build(comm, cfg, seed)
+    rng = np.random.default_rng(seed)
+    steps, steps_cpu = {}, {}
+    for b in batches:
+        times = []
+        generate(comm, model, rng.integers(0, cfg.vocab, (b, prompt)), n_new, times=times)
+        steps[b], steps_cpu[b] = (float(np.median([t[i] for t in times])) for i in (0, 1))
+    pre, pre_cpu = {}, {}
+    for t in prefill_tokens:
+        ids = comm.asarray(rng.integers(0, cfg.vocab, (1, t)))
+        forward_cached(model, ids, {}, 0)  # warm-up
+        w, c = time.perf_counter(), time.process_time()
+        forward_cached(model, ids, {}, 0)
+        pre[t], pre_cpu[t] = time.perf_counter() - w, time.process_time() - c
+    return {"d": d, "step_s": steps, "step_cpu_s": steps_cpu, "prefill_s": pre, "prefill_cpu_s": pre_cpu,
+            "cpu_clock": cpu_clock}
+
+
+def machine(n):
+    """``plan.machine.measure`` on ``n`` ranks reading at once (far past the caches)."""
+    from ..launcher import launch
+    from ..plan.machine import measure
+
+    return launch(n, measure, quiet=True, stream_bytes=STREAM_BYTES).results[0]
+
+
+def hardware(one, two):
+    """The planner's view of this machine from the two measurements: matmul rate of one rank,
+    memory bandwidth per rank (alone: ``one``; two reading: ``two``), ping-pong alpha and beta."""
+    from ..comm.link import Link
+    from ..plan.hardware import Hardware
+
+    lk = Link("shared memory", two["alpha"], 1.0 / max(two["beta"], 1e-30), "ping-pong (minipar bench inference)")
+    return Hardware("this machine, measured now", peak_flops=one["matmul_flops"]["float64"],
+                    memory_bytes=one["memory_bytes"], hbm_bandwidth=one["memory_bandwidth"], gpus_per_node=one["cores"],
+                    intra=lk, inter=lk, host=lk, host_bandwidth=one["memory_bandwidth"], matmul_fraction=1.0,
+                    link_fraction=1.0, cores=one["cores"], dtype_bytes=8, mixed_precision=False)
+
+
+def predict_row(r, hw, bandwidth):
+    """``plan.inference``'s decode step and prefill for a measured row, on ``bandwidth`` per rank
+    (the STREAM rate the row's own ranks measured just before decoding, when they did)."""
+    bandwidth = r.get("stream_now") or bandwidth
+    from ..plan.inference import decode_step, prefill, weight_bytes
+    from ..plan.models import minipar_gpt
+
+    m = minipar_gpt(gpt_config(r["d"], r["prompt"] + r["n_new"] + 1))
+    ctx = r["prompt"] + r["n_new"] // 2  # the middle of the generation
+    st = decode_step(m, hw, r["tp"], r["batch"], ctx, bandwidth=bandwidth)
+    read = weight_bytes(m, r["tp"], 8)
+    cpu = decode_step(m, hw, r["tp"], r["batch"], ctx, bandwidth=r.get("stream_cpu") or bandwidth)
+    return dict(r, predicted_cpu_token_s=cpu.seconds, predicted_token_s=st.seconds, predicted_memory_s=st.memory_s, predicted_compute_s=st.compute_s,
+                predicted_comm_s=st.comm_s, read_bytes=read, formula_held_bytes=read + m.seq * m.hidden * 8,
+                achieved_bandwidth=read / r["token_s"], stream_bandwidth=bandwidth, bound=st.bound,
+                predicted_prefill_s=prefill(m, hw, r["tp"], r["batch"], r["prompt"], bandwidth=bandwidth).seconds)
+
+
+def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=16, rounds=2,
+            progress=lambda xs, **_: xs):
+    """Every measurement and prediction: {"machine", "rows", "batch", ...} (see the module docstring)."""
+    from ..launcher import launch
+    from ..plan.inference import critical_batch, decode_step, prefill, with_bandwidth
+    from ..plan.models import minipar_gpt
+
+    load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    one, two = machine(1), machine(2)
+    hw = hardware(one, two)
+    per_rank = {1: one["memory_bandwidth"], 2: two["memory_bandwidth"], 4: two["memory_bandwidth"] / 2}
+    print(f"this machine: matmul {hw.peak_flops / 1e9:.2f} GFLOP/s float64 per rank; memory {one['memory_bandwidth'] / 1e9:.2f} "
+          f"GB/s alone, {two['memory_bandwidth'] / 1e9:.2f} GB/s per rank with 2 reading ({2 * two['memory_bandwidth'] / 1e9:.2f} "
+          f"together); alpha {two['alpha'] * 1e6:.1f} us", flush=True)
+    best = {}
+    jobs = [(d, t) for _ in range(rounds) for d in widths for t in tps]  # rounds interleaved: the best of each kept
+    print(f"{'d':>6}{'TP':>4}{'MB/rank':>10}{'ms/token':>10}{'CPU ms':>8}{'predicted':>11}{'GB/s read':>11}{'STREAM':>8}",
+          flush=True)
+    for d, t in progress(jobs, desc="widths x TP", total=len(jobs), unit="job"):
+        r = launch(t, decode_rank, quiet=True, job_timeout=900.0, d=d, n_new=n_new).results[0]
+        r = predict_row(r, hw, per_rank[t])
+        if (d, t) not in best or r["token_s"] < best[d, t]["token_s"]:
+            best[d, t] = r
+        print(f"{d:>6}{t:>4}{r['held_bytes'] / 1e6:>10.1f}{r['token_s'] * 1e3:>10.2f}{r['token_cpu_s'] * 1e3:>8.2f}"
+              f"{r['predicted_token_s'] * 1e3:>11.2f}{r['achieved_bandwidth'] / 1e9:>11.2f}{r['stream_bandwidth'] / 1e9:>8.2f}",
+              flush=True)
+    rows = [best[k] for k in sorted(best)]
+    bw = batch_width or max(widths)
+    b = launch(1, batch_rank, quiet=True, job_timeout=900.0, d=bw, batches=tuple(batches)).results[0]
+    m = minipar_gpt(gpt_config(bw, 64))
+    b["predicted_step_s"] = {k: decode_step(m, hw, 1, k, 6, bandwidth=per_rank[1]).seconds for k in b["step_s"]}
+    b["predicted_prefill_s"] = {k: prefill(m, hw, 1, 1, k, bandwidth=per_rank[1]).seconds for k in b["prefill_s"]}
+    b["critical_batch"] = critical_batch(hw, 8, per_rank[1])
+    cpu_hw = with_bandwidth(hw, b["cpu_clock"]["bandwidth"], b["cpu_clock"]["peak_flops"])  # the CPU-clock view
+    b["predicted_step_cpu_s"] = {k: decode_step(m, cpu_hw, 1, k, 6).seconds for k in b["step_s"]}
+    b["predicted_prefill_cpu_s"] = {k: prefill(m, cpu_hw, 1, 1, k).seconds for k in b["prefill_s"]}
+    b["critical_batch_cpu"] = critical_batch(cpu_hw, 8)
+    print(f"batch at d = {bw}, TP = 1: " + ", ".join(f"B={k}: {v * 1e3:.1f} ms" for k, v in b["step_s"].items())
+          + f"; roofline B* = {b['critical_batch']:.1f}", flush=True)
+    print("prefill: " + ", ".join(f"T={k}: {v * 1e3:.1f} ms ({k / v:.0f} tokens/s)" for k, v in b["prefill_s"].items()))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"machine": {"one": one, "two": two}, "hardware": {"peak_flops": hw.peak_flops, "alpha": hw.intra.alpha,
+            "bandwidth_per_rank": {str(k): v for k, v in per_rank.items()}}, "rows": rows, "batch": b,
+            "layers": LAYERS, "heads": HEADS, "vocab": VOCAB, "load_average": load, "load_average_start": load0, "cores": os.cpu_count(),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def run(args, progress=lambda xs, **_: xs) -> int:
+    """``minipar bench inference``."""
+    quick = args.quick
+    tps = tuple(args.tp)
+    print(f"minipar bench inference: lesson 05's GPT ({LAYERS} layers, {HEADS} heads, float64) decoding at "
+          f"TP = {', '.join(map(str, tps))}; one BLAS thread per rank" + (" (--quick)" if quick else ""), flush=True)
+    if 4 in tps:
+        print("note: TP = 4 runs 4 ranks on this machine's cores: oversubscribed where there are fewer than 4", flush=True)
+    rec = collect(QUICK_WIDTHS if quick else WIDTHS, tps, QUICK_BATCHES if quick else BATCHES,
+                  n_new=4 if quick else 16, rounds=1 if quick else 2, progress=progress)
+    rec["command"] = "minipar bench inference" + (" --quick" if quick else "") + (f" --tp {' '.join(map(str, tps))}")
+    if args.json:
+        write_json(args.json, rec)
+    return 0
+
+
+def markdown(rec) -> str:
+    """The record's tables as docs/inference.md shows them: decode per width and TP, then the batch."""
+    out = ["| d | weights per rank | TP | ms per token | predicted | error | weight GB/s read per rank | STREAM GB/s per rank "
+           "| CPU ms per token | predicted from CPU STREAM | error | prefill ms (4 tokens) |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rec["rows"], key=lambda r: (r["d"], r["tp"])):
+        cpu = r.get("predicted_cpu_token_s")
+        out.append(f"| {r['d']} | {r['held_bytes'] / 1e6:.1f} MB | {r['tp']} | {r['token_s'] * 1e3:.2f} | "
+                   f"{r['predicted_token_s'] * 1e3:.2f} | {r['predicted_token_s'] / r['token_s'] - 1:+.0%} | "
+                   f"{r['achieved_bandwidth'] / 1e9:.2f} | {r['stream_bandwidth'] / 1e9:.2f} | {r['token_cpu_s'] * 1e3:.2f} | "
+                   + (f"{cpu * 1e3:.2f} | {cpu / r['token_cpu_s'] - 1:+.0%} | " if cpu else "| | ")
+                   + f"{r['prefill_s'] * 1e3:.1f} |")
+    b = rec["batch"]
+    cpu = "step_cpu_s" in b
+    out += ["", f"Batch at d = {b['d']}, TP = 1 (roofline B* = {b['critical_batch']:.1f} by the wall clock"
+            + (f", {b['critical_batch_cpu']:.1f} by the CPU clock" if cpu else "") + "):", "",
+            "| B | ms per decode step | predicted | CPU ms per step | predicted (CPU clock) | CPU ms per generated token |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    for k, s in sorted(b["step_s"].items(), key=lambda kv: int(kv[0])):
+        c = b["step_cpu_s"][k] if cpu else None
+        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_step_s'][k] * 1e3:.1f} | "
+                   + (f"{c * 1e3:.1f} | {b['predicted_step_cpu_s'][k] * 1e3:.1f} | {c * 1e3 / int(k):.2f} |" if cpu else "| | |"))
+    out += ["", "| prefill T tokens | ms | predicted | CPU ms | predicted (CPU clock) | tokens per CPU second |",
+            "|---:|---:|---:|---:|---:|---:|"]
+    for k, s in sorted(b["prefill_s"].items(), key=lambda kv: int(kv[0])):
+        c = b["prefill_cpu_s"][k] if cpu else None
+        out.append(f"| {k} | {s * 1e3:.1f} | {b['predicted_prefill_s'][k] * 1e3:.1f} | "
+                   + (f"{c * 1e3:.1f} | {b['predicted_prefill_cpu_s'][k] * 1e3:.1f} | {int(k) / c:.0f} |" if cpu else "| | |"))
+    return "\n".join(out)

@@ -1,0 +1,110 @@
+"""Serving predictions (minipar.plan.inference), lesson 05's decoding measured on ranks
+(minipar.bench.inference), ``minipar infer`` and the figures drawn from the recorded run."""
+import json
+import os
+
+import pytest
+
+from minipar.errors import UsageError
+from minipar.plan import inference as I
+from minipar.plan import model, preset
+from minipar.plan.models import minipar_gpt
+
+A100 = preset("a100-80gb")
+
+
+def test_decode_at_batch_one_is_memory_bound_and_tp_divides_the_reading():
+    m = I.LLAMA2["llama2-7b"]
+    one, two = (I.decode_step(m, A100, t, 1, 0) for t in (1, 2))
+    assert one.bound == two.bound == "memory"
+    assert one.memory_s / one.compute_s > 50  # 2 FLOPs per 2-byte weight against a ridge of ~109 FLOPs per byte
+    split, rep = m.layer_params()
+    # exactly 1/2 of the split weights, the replicated norms whole on both
+    assert one.weight_bytes - two.weight_bytes == pytest.approx((m.layers * split + m.vocab * m.hidden) * 2 / 2, rel=1e-12)
+    assert one.comm_s == 0 < two.comm_s < 0.15 * two.memory_s  # 66 all-reduces of 16 KB: 2 alpha each, mostly
+    assert two.seconds < 0.6 * one.seconds
+
+
+def test_batch_past_the_ridge_point_turns_compute_bound():
+    m = I.LLAMA2["llama2-7b"]
+    b_star = I.critical_batch(A100)
+    assert b_star == pytest.approx(312e12 * A100.matmul_fraction / 2.039e12 * 2 / 2)
+    assert I.decode_step(m, A100, 1, int(b_star * 0.8), 0).bound == "memory"
+    assert I.decode_step(m, A100, 1, int(b_star * 1.25), 0).bound == "compute"
+    assert I.prefill(m, A100, 1, 1, 512).bound == "compute"
+
+
+def test_kv_cache_per_token_splits_over_tp_and_tp_makes_room_for_a_bigger_batch():
+    m = model("llama3-70b")  # 80 layers, 8 KV heads of 128
+    assert I.kv_bytes_per_token(m, 1, 2) == 2 * 80 * 8 * 128 * 2
+    assert I.kv_bytes_per_token(m, 8, 2) == 2 * 80 * 1 * 128 * 2
+    fits = [I.max_batch(m, A100, t, 4096) for t in (1, 2, 4, 8)]
+    assert fits[0] == 0 and fits[1] < fits[2] < fits[3]  # 141 GB of weights do not fit one GPU
+    with pytest.raises(UsageError, match="tp=16 does not divide"):
+        I.decode_step(m, A100, 16)
+
+
+def test_tp_stops_paying_where_the_all_reduce_latency_exceeds_the_saved_reading():
+    m = I.LLAMA2["llama2-7b"]
+    stop = I.tp_stops_paying(m, A100)
+    assert stop["best"] == 4
+    last = stop["steps"][-1]
+    assert not last["pays"] and last["added_per_layer_s"] > last["saved_per_layer_s"]
+    assert all(s["pays"] for s in stop["steps"][:-1])
+    # a link with no latency always pays
+    from dataclasses import replace
+
+    fast = replace(A100, intra=replace(A100.intra, alpha=0.0))
+    assert I.tp_stops_paying(m, fast)["best"] == 8
+
+
+def test_the_planner_against_published_serving_numbers():
+    rows = I.against_published(A100)
+    assert len(rows) == len(I.PUBLISHED) and all(abs(r["error"]) < 0.4 for r in rows), rows
+    # the technique-skipping model, decode timed as compute (FLOPs / peak), is off by an order of magnitude
+    from dataclasses import replace
+
+    as_compute = replace(A100, hbm_bandwidth=1e30)
+    assert all(r["error"] < -0.75 for r in I.against_published(as_compute) if r["tp"] <= 2)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_a_rank_holds_the_formulas_bytes_and_tp_decodes_the_same_tokens():
+    from minipar import launch
+    from minipar.bench.inference import gpt_config
+
+    one, two = (launch(n, "minipar.bench.inference:decode_rank", quiet=True, d=64, n_new=3, stream_bytes=0).results[0]
+                for n in (1, 2))
+    assert one["tokens"] == two["tokens"]
+    m = minipar_gpt(gpt_config(64, 4 + 3 + 1))
+    pos = m.seq * m.hidden * 8  # the position embedding: held, one row read per token
+    assert one["held_bytes"] == I.weight_bytes(m, 1, 8) + pos
+    assert two["held_bytes"] == I.weight_bytes(m, 2, 8) + pos
+    assert two["held_bytes"] != I.weight_bytes(m, 1, 8) + pos  # a rank holding everything would fail the line above
+
+
+def test_infer_prints_the_table_and_refuses_bad_input_in_one_line(capsys):
+    from minipar.cli import main
+
+    assert main(["infer", "--model", "llama3-70b", "--tp", "1", "2", "4", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "fastest per token: tp = 8" in out and "memory" in out
+    assert main(["infer", "--model", "llama3-70b", "--tp", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "no tp in [3]" in err, err
+    assert main(["infer"]) == 2
+    err = capsys.readouterr().err
+    assert "give --model NAME" in err and "Traceback" not in err
+    assert main(["infer", "--published"]) == 0 and "llama2-70b" in capsys.readouterr().out
+
+
+def test_figures_draw_from_the_recorded_run(tmp_path):
+    from minipar.figures import inference as F
+
+    with open(F.RUN) as f:
+        rec = json.load(f)
+    assert {r["tp"] for r in rec["rows"]} >= {1, 2} and len({r["d"] for r in rec["rows"]}) >= 3
+    paths = F.make(str(tmp_path), records=rec)
+    assert [os.path.basename(p) for p in paths] == ["inference_latency.png", "inference_roofline.png"]
+    assert all(os.path.getsize(p) > 10_000 for p in paths)
