@@ -28,6 +28,9 @@ def test_help_has_an_example(verb):
     (["-n", "6", "--cp", "3", "--tp", "2"], "--cp=3: seq_len=32 is not divisible by 2 x cp = 6 (zigzag: every rank holds two of 2cp equal chunks)"),
     (["-n", "3", "--dp", "3", "--experts", "4"], "--experts=4 is not divisible by --dp=3 (the experts are sharded over the data-parallel ranks)"),
     (["-n", "1", "--dropout", "1"], "--dropout=1.0: the probability of dropping an activation, in [0, 1)"),
+    (["-n", "2", "--dp", "2", "--zero", "4"],
+     "--zero=4: choose 0 (DDP), 1, 2 or 3 (what ZeRO shards: optimizer state, + gradients, + weights)"),
+    (["-n", "2", "--dp", "2", "--zero", "2", "--reshard"], "--reshard with --zero=2: only ZeRO-3 gathers weights to reshard"),
 ])
 def test_bad_shapes_are_one_line_before_any_rank_starts(args, needle):
     out = minipar("train", *args, timeout=60)
