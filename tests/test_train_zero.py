@@ -1,7 +1,7 @@
 """Lesson 05 with ZeRO-2 and ZeRO-3 (``--zero 2|3``): the gradients reduce-scattered once per step
 after the flush, the weights (ZeRO-3) gathered once per step or around every action (``reshard``);
 losses and weights bitwise ZeRO-1's, memory per rank = ``zero_bytes`` to the byte, dp bytes and
-gathers = the formula; with TP (each TP rank shards its own TP shard), PP, CP, padding, bf16."""
+gathers = the formula; with TP (each TP rank shards its own TP shard), PP, CP, experts, padding, bf16, fp16."""
 import re
 
 import pytest
@@ -9,16 +9,17 @@ import pytest
 from minipar import launch
 from minipar.errors import UsageError
 from minipar.lessons.common import merge_rows
-from minipar.lessons.train import SHORT, make_config
+from minipar.lessons.train import MOE, SHORT, make_config
 from minipar.train.config import check_shapes
 
 GRIDS = [
-    dict(model=SHORT, dp=2, pp=1, tp=2, microbatches=2),  # FSDP x TP
+    # experts (their engine a group of one: sharded over nothing, no dp bytes), the forward contexts' NamedTuples
+    dict(model=MOE, dp=2, pp=2, tp=1, schedule="1f1b", microbatches=2),
     dict(model=SHORT, dp=2, pp=2, tp=1, schedule="1f1b", microbatches=2),  # with PP (+ reshard), the tied embedding
     dict(model=dict(SHORT, n_layers=2), batch=6, dp=3, pp=1, tp=1),  # units padded to a multiple of 3
     # two chunks per rank (resharding gathers one at a time), dp x cp, float32 reductions of bf16 weights
     dict(model=SHORT, dp=1, pp=2, cp=2, tp=1, schedule="interleaved", microbatches=2, precision="bf16"),
-    # fp16 whose first step overflows (skipped on every rank), the second steps: the shards unscaled, clipped
+    # FSDP x TP; fp16 whose first step overflows (skipped on every rank), the second steps: the shards unscaled, clipped
     # by the norm of the shards, dropout
     dict(model=SHORT, dp=2, pp=1, tp=2, microbatches=2, precision="fp16", initial_scale=2.0**18, clip=0.5,
          dropout=0.1),

@@ -185,6 +185,15 @@ def check_mutants(comm, cases):
     return rows
 
 
+def dp_units(tr):
+    """(padded sizes, pipeline stages) of the flat buffers the trainer's DP engines reduce over
+    dp x cp (the experts' engine, a group of one, sends nothing); stages None without ZeRO."""
+    engines = [e for e in tr.engines if e.model is not tr.experts]
+    sizes = [f.n_pad for e in engines for f, _, _ in e.optimizer_parts()]
+    stages = [int(u.split(".")[0][1:]) for e in engines for u in getattr(e, "flats", {})]  # "s3.h" -> 3
+    return sizes, stages or None
+
+
 def traced_step(sub, cfg, mutant=None):
     """One traced step of ``cfg`` on ``sub``: (measured, predicted) dicts of this rank's
     activation peak ("activations") and bytes sent per group ("tp", "pp", "dp", "emb", "cp")."""
@@ -198,10 +207,8 @@ def traced_step(sub, cfg, mutant=None):
         sub.tracer.enabled = True
         tr.step(0)
         sub.tracer.enabled = False
-    units = [f.n_pad for e in tr.engines for f, _, _ in e.optimizer_parts()]
-    stages = [int(u.split(".")[0][1:]) for e in tr.engines for u in getattr(e, "flats", {})] or None  # "s3.h" -> 3
     got = dict(acc.measured_comm(sub.tracer.events, sub.world_rank(sub.rank)), activations=tr.peak_activations)
-    want = dict(acc.comm_bytes(cfg, tr.grid.coords, units, stages), activations=acc.activation_peak(cfg, tr.grid.coords))
+    want = dict(acc.comm_bytes(cfg, tr.grid.coords, *dp_units(tr)), activations=acc.activation_peak(cfg, tr.grid.coords))
     sub.tracer.clear()
     return got, want
 
@@ -413,15 +420,15 @@ def check_zero(comm, configs, steps=2, mutant=None):
                     me = sub.world_rank(sub.rank)
                     gathers = sum(1 for ev in sub.tracer.events
                                   if ev.rank == me and ev.kind == "collective" and ev.name == "all_gather:ring")
-                    units = [f.n_pad for e in fresh.engines for f, _, _ in e.optimizer_parts()]
-                    stages = [int(u.split(".")[0][1:]) for e in fresh.engines for u in getattr(e, "flats", {})] or None
+                    units, stages = dp_units(fresh)
                     dp = acc.measured_comm(sub.tracer.events, me)["dp"]
                     stepped = not fresh.skipped  # fp16: a step skipped on an overflow updates nothing
                     want = acc.comm_bytes(cfg, fresh.grid.coords, units, stages, stepped)["dp"]
                     rows.append(dict(row(f"{what}: dp bytes per step = formula", abs(dp - want), 0),
                                      dp_bytes=dp, gathers=gathers, memory=tr.memory()))  # (for docs/train.md's table)
                     if zero == 3:
-                        want = sum(acc.unit_gathers(cfg, fresh.grid.coords, k) for k in (stages or []))
+                        want = sum(acc.unit_gathers(cfg, fresh.grid.coords, int(u.split(".")[0][1:]))
+                                   for e in fresh.engines for u in e.flats)  # the experts' too (no bytes: a group of one)
                         rows.append(row(f"{what}: all-gathers per step = formula", abs(gathers - want), 0))
                     sub.tracer.clear()
         wait_politely(comm)

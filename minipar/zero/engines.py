@@ -223,7 +223,8 @@ def swap(ctx, table):
     if isinstance(ctx, dict):
         return {k: swap(v, table) for k, v in ctx.items()}
     if isinstance(ctx, (tuple, list)):
-        return type(ctx)(swap(v, table) for v in ctx)
+        items = [swap(v, table) for v in ctx]
+        return type(ctx)(*items) if hasattr(ctx, "_fields") else type(ctx)(items)  # a NamedTuple takes fields
     return ctx
 
 
