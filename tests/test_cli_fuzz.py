@@ -23,7 +23,7 @@ VERBS = {
                           "--heads": set(), "--seq-len": set(), "--batch": set(), "--lr": set(), "--steps": set(),
                           "--save-every": ZERO}),
     "generate": (["generate", "--checkpoint", "CKPT"], {"-n": set(), "--tp": set(), "--tokens": set(), "--eval": ZERO}),
-    "bench train": (["bench", "train"], {"--steps": set(), "--batch": set()}),
+    "bench train": (["bench", "train"], {"--steps": set(), "--batch": set(), "--rounds": set()}),
     "run": (["run", "collectives"], {"-n": set()}),
     "run pipeline": (["run", "-n", "2", "pipeline"], {"--microbatches": set(), "--chunks": {"0", "-1"}, "--width": set(),
                                                       "--batch": set(), "--layers": set(), "--repeats": set()}),

@@ -154,12 +154,14 @@ def add_verbs(verbs):
     g.set_defaults(func=cmd_generate)
 
     p = verbs.bench.add_parser("train", help="tokens/s and MFU of every grid vs one process",
-                               description="One job per grid (18 grids of 1 to 8 ranks), then recomputation and "
-                                           "decoding: about 80 s on 2 cores with --steps 3.",
+                               description="One job per grid (18 grids of 1 to 8 ranks), the two target ratios in interleaved rounds, then "
+                                           "recomputation and decoding: about 2 min on 2 cores with --steps 3.",
                                **with_example("minipar bench train --steps 3 --json bench_train.json"))
     p.add_argument("--steps", type=steps_type, default=3, help="timed steps per grid (after one warm-up)")
     p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
+    p.add_argument("--rounds", type=bounded(100, "rounds"), default=3,
+                   help="interleaved rounds of the two target ratios, their median reported (default 3)")
     p.add_argument("--json", metavar="FILE", type=output_path)
     p.set_defaults(func=cmd_bench_train)
 
