@@ -15,28 +15,24 @@ from minipar.labs.lab01_solution import *  # noqa: F401,F403  everything else is
 from minipar.xp import chunk_bounds
 
 
-def ring(comm, buf, bounds, phase):
-    """One ring phase on comm, in place on buf (chunks ``bounds``): written with sendrecv, as 1.3 and 1.4."""
-    p, r = comm.size, comm.rank
-    for s in range(p - 1):
-        i, j = ((r - s - 1) % p, (r - s - 2) % p) if phase == "reduce-scatter" else ((r - s) % p, (r - s - 1) % p)
-        (sa, sb), (ra, rb) = bounds[i], bounds[j]
-        got = np.empty(rb - ra, dtype=buf.dtype)
-        comm.sendrecv(buf[sa:sb].copy(), (r + 1) % p, got, (r - 1) % p)
-        if phase == "reduce-scatter":
-            buf[ra:rb] += got
-        else:
-            buf[ra:rb] = got
-
 
 def hierarchical_all_reduce(comm, x, ranks_per_node):
-    R = ranks_per_node
-    node = comm.split(comm.rank // R, key=comm.rank)
-    peers = comm.split(comm.rank % R, key=comm.rank)
-    buf, b = x.copy(), chunk_bounds(len(x), R)
-    ring(node, buf, b, "reduce-scatter")
-    whole = chunk_bounds(len(buf), peers.size)  # BUG: the whole buffer crosses, not buf[b[node.rank][0]:b[node.rank][1]]
-    ring(peers, buf, whole, "reduce-scatter")
-    ring(peers, buf, whole, "all-gather")
-    ring(node, buf, b, "all-gather")
+    """Written on the world communicator, each ring with its own peers: no split."""
+    R, N = ranks_per_node, comm.size // ranks_per_node
+    node, local = divmod(comm.rank, R)
+    inside = [node * R + (local + 1) % R, node * R + (local - 1) % R, local, R]  # right, left, my index, size
+    across = [(node + 1) % N * R + local, (node - 1) % N * R + local, node, N]
+    buf = x.copy()
+    shards = chunk_bounds(len(x), R)
+    steps = [(inside, shards, True), (across, chunk_bounds(len(x), N), True),  # BUG: the whole buffer crosses,
+             (across, chunk_bounds(len(x), N), False), (inside, shards, False)]  # not buf[shards[local]]
+    for (right, left, me, size), bounds, adding in steps:
+        for s in range(size - 1):
+            give, take = ((me - s - 1) % size, (me - s - 2) % size) if adding else ((me - s) % size, (me - s - 1) % size)
+            got = np.empty(bounds[take][1] - bounds[take][0], dtype=x.dtype)
+            comm.sendrecv(buf[slice(*bounds[give])].copy(), right, got, left)
+            if adding:
+                buf[slice(*bounds[take])] += got
+            else:
+                buf[slice(*bounds[take])] = got
     return buf
