@@ -87,3 +87,22 @@ def test_each_planted_bug_of_the_norm_breaks_the_equality():
         for check in checks:
             named = [r for r in rows if r["what"].startswith(mutant + ":") and check in r["what"]]
             assert named and not any(r["ok"] for r in named), (mutant, check, named)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_the_notebooks_clip_run_equals_one_process_and_names_each_bug():
+    """Notebook 05's clipping section (``figures.train.clip_runs``): the grid's norms are one
+    process's, each bug of the count gives another norm; a "bug" that leaves the norm alone
+    (dropout's, without dropout) fails its "caught" row."""
+    bugs = ("clip_replicated_per_tp", "clip_every_replica", "dropout_shared_in_tp")
+    out = launch(4, "minipar.figures.train:clip_runs", quiet=True, job_timeout=110, steps=1,
+                 grid=(2, 1, 2, "1f1b", False), bugs=bugs)
+    rows = merge_rows([r["rows"] for r in out.results])
+    assert len(rows) == 4, rows
+    by = {b: [r for r in rows if b in r["what"]] for b in bugs}
+    assert rows[0]["ok"] and "= one process's" in rows[0]["what"], rows
+    assert by["clip_replicated_per_tp"][0]["ok"] and by["clip_every_replica"][0]["ok"], rows
+    assert not by["dropout_shared_in_tp"][0]["ok"], rows
+    norms = out.results[0]["norms"]
+    assert norms["the grid"] == pytest.approx(norms["one process"], rel=1e-12)

@@ -145,3 +145,19 @@ def test_every_grid_drops_like_one_process_and_each_planted_bug_breaks_it():
     for mutant, _ in MUTANTS:
         named = [r for r in rows if r["what"].startswith(mutant + ":") and "losses of" in r["what"]]
         assert named and not any(r["ok"] for r in named), (mutant, named)
+
+
+def test_the_notebooks_dropout_figure_checks_its_tiling(monkeypatch):
+    """Notebook 05's masks (``figures.train.dropout_tiles``): the TP shards tile one process's mask
+    and the shared seed's do not; a keep_mask that counts from the shard's own column 0 (the
+    shared seed everywhere) fails the tiling row."""
+    from minipar.figures import train as F
+    from minipar.nn import dropout
+
+    rows = F.dropout_tiles(T=4, H=16, tp=4)["rows"]
+    assert len(rows) == 2 and all(r["ok"] for r in rows), rows
+    keep = dropout.keep_mask
+    monkeypatch.setattr(dropout, "keep_mask", lambda key, rows, shape, positions, cols, p: keep(
+        key, rows, shape, positions, None if cols is None else (0, cols[1] - cols[0]), p))
+    tiling, caught = F.dropout_tiles(T=4, H=16, tp=4)["rows"]
+    assert not tiling["ok"] and caught["ok"]

@@ -14,7 +14,8 @@ The grader checks the technique, not only the values: in 5.2 the other ranks' lo
 your rank and only 3N numbers may travel (never the logits); in 5.3 only the two ends of the
 pipeline may talk; in 5.4 the bytes you send over the dp group must be one step's average, not
 one per micro-batch; in 5.5 each rank's piece of a dropout mask must be a slice of the mask one
-process draws.
+process draws; in 5.6 you are handed only your own shards (the other dp ranks' elements are NaN)
+and the norm must be one process's to 1e-12.
 """
 import numpy as np  # noqa: F401
 
@@ -106,7 +107,27 @@ def dropout_mask(comm, key, rows, positions, cols, shape, p):
     raise NotImplementedError("lab 5.5")
 
 
+def global_grad_norm(grid, grads):
+    """The global L2 norm of the model's gradient (what --clip clips by), the same on every rank.
+
+    grid: minipar's Grid (grid.world, grid.dp, grid.pp, grid.tp, grid.coords = (d, p, t)).
+    grads: this rank's pieces, a list of (name, g, split, (lo, hi)):
+      g      flat float64, this rank's TP piece of the parameter's gradient (split over grid.tp when
+             ``split``, else whole on every TP rank: LayerNorms, row-parallel biases, wpe);
+      lo:hi  this rank's ZeRO shard over grid.dp: g[lo:hi] is yours, the rest of g is NaN (the
+             other dp ranks hold it).
+    The tied embedding 'wte' is listed on the first stage and again on the last (one parameter,
+    its gradient already summed by 5.3).
+
+    Return sqrt(sum of the squares of every element of the model, each counted exactly once), as
+    one process computes it.
+    """
+    # TODO(lab5.6): add the squares of what this rank answers for; one all_reduce over grid.world
+    raise NotImplementedError("lab 5.6")
+
+
 if __name__ == "__main__":
     from minipar.labs.lab05 import demo
 
-    demo(minipar.init("mpi"), grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step, dropout_mask)
+    demo(minipar.init("mpi"), grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step, dropout_mask,
+         global_grad_norm)

@@ -280,6 +280,114 @@ def plot_precision(data, path):
     return save(fig, path, tight=True)
 
 
+CLIP_BUGS = ("clip_replicated_per_tp", "clip_tied_twice", "clip_every_replica")  # minipar.train.mutants
+
+
+def clip_runs(comm, steps=3, grid=(2, 2, 2, "1f1b", False), clip=0.5, bugs=CLIP_BUGS, data="random"):
+    """Rank side: ``grid`` trained ``steps`` steps with ``--clip clip``, every step's global
+    gradient norm against one process's (1e-12), then once with each planted bug of the norm
+    (``minipar.train.mutants``), which must give another norm. Returns {"rows"} and on world rank
+    0 also "norms" {"one process" | "the grid" | bug: the norm of every step, before clipping},
+    "clip", "grid" (its label)."""
+    from ..lessons.common import rel_error
+    from ..train.mutants import planted
+    from ..train.trainer import train, train_reference
+
+    dp, pp, tp, schedule, sp = grid
+    cfg = grid_config(dp, pp, tp, schedule, sp, steps, data=data).with_(clip=clip)
+    ref = []
+    train_reference(cfg, norms=ref)
+    rows, norms = [], {"one process": ref}
+    sub = first_ranks(comm, dp * pp * tp, "clip")
+    if sub is not None:
+        for bug in (None,) + tuple(bugs):
+            with planted(bug):
+                tr, _, _ = train(sub, cfg)
+            err = rel_error(np.array(tr.grad_norms), np.array(ref))
+            if bug is None:
+                norms["the grid"] = tr.grad_norms
+                rows.append(row(f"{label(cfg)}: global gradient norm of {steps} steps = one process's", err, 1e-12))
+            else:
+                norms[bug] = tr.grad_norms
+                rows.append(row(f"planted bug {bug}: its norm ({tr.grad_norms[0]:.4g} at step 0, one process "
+                                f"{ref[0]:.4g}) is caught by that check", 0.0 if err > 1e-12 else 1.0, 0.0))
+    wait_politely(comm)
+    return dict(rows=rows, **(dict(norms=norms, clip=clip, grid=label(cfg)) if comm.rank == 0 else {}))
+
+
+def plot_clip(data, path):
+    """The global gradient norm per step: one process, the grid (each parameter counted once) and
+    each planted bug of the count, with the clipping threshold."""
+    plt = pyplot()
+    norms = data["norms"]
+    steps = np.arange(len(norms["one process"]))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(steps, norms["one process"], "-", color="#222222", lw=6, alpha=0.25, label="one process")
+    ax.plot(steps, norms["the grid"], "o", color="#4C72B0", label=f"{data['grid']} (every parameter once)")
+    for bug, c in zip(CLIP_BUGS, ("#C44E52", "#E69F00", "#8172B3")):
+        if bug in norms:
+            ax.plot(steps, norms[bug], "s--", color=c, ms=5, lw=1, label=f"planted bug: {bug}")
+    ax.axhline(data["clip"], color="gray", ls=":", lw=1)
+    ax.text(steps[-1], data["clip"], f" --clip {data['clip']}", color="gray", fontsize=8, va="bottom", ha="right")
+    ax.set_xlabel("step")
+    ax.set_xticks(steps)
+    ax.set_ylabel("global gradient norm, before clipping")
+    ax.set_ylim(0, None)
+    ax.legend(fontsize=8)
+    ax.set_title("Gradient clipping on a grid: the norm of one process only when every parameter is counted once",
+                 fontsize=10)
+    return save(fig, path, tight=True)
+
+
+def dropout_tiles(T=8, H=32, tp=4, p=0.5, key=(0, 0, 1, 2), row_index=0):
+    """The keep mask of one dropout site inside a TP region (the MLP's hidden layer: key (seed,
+    step, layer, site) with site 2), global row ``row_index``, drawn by ``nn.dropout.keep_mask``
+    for the whole (T, H) in one process and for each of ``tp`` column shards, and as Megatron's
+    shared seed inside the TP region draws it (each shard at columns 0 ... H/tp, the draw of the
+    planted bug ``dropout_shared_in_tp``). Returns {"full", "shards", "shared", "rows"}; the
+    rows check that the shards tile the full mask bit for bit and that the shared seed's do not."""
+    from ..nn.dropout import keep_mask
+    from ..xp import chunk_bounds
+
+    rows = np.array([row_index])
+    full = keep_mask(key, rows, (T, H), None, None, p)[0]  # (T, H)
+    bounds = chunk_bounds(H, tp)
+    shards = [keep_mask(key, rows, (T, H), None, c, p)[0] for c in bounds]  # tp x (T, H/tp)
+    shared = [keep_mask(key, rows, (T, H), None, (0, hi - lo), p)[0] for lo, hi in bounds]
+    tiled = np.concatenate(shards, axis=1)
+    out = [row(f"dropout: the {tp} TP ranks' masks of a ({T}, {H}) site, side by side = one process's mask "
+               f"(bitwise)", 0.0 if np.array_equal(tiled, full) else 1.0, 0.0),
+           row(f"planted bug dropout_shared_in_tp (one seed inside the TP region): its {tp} shards "
+               f"{'identical' if all(np.array_equal(s, shared[0]) for s in shared) else 'differ'}, and differ from one "
+               f"process's mask: caught", 0.0 if not np.array_equal(np.concatenate(shared, axis=1), full) else 1.0, 0.0)]
+    return dict(full=full, shards=shards, shared=shared, p=p, rows=out)
+
+
+def plot_dropout(data, path):
+    """Three masks of the same site (black: dropped): one process; the TP ranks' shards side by
+    side, which tile it; one seed shared inside the TP region, every shard the same."""
+    plt = pyplot()
+    full, shards, shared = data["full"], data["shards"], data["shared"]
+    tp = len(shards)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    panels = [(full, "one process: the whole hidden layer"),
+              (np.concatenate(shards, axis=1), f"{tp} TP ranks, each its columns (keep_mask at the global index)"),
+              (np.concatenate(shared, axis=1), f"{tp} TP ranks, one seed shared inside the TP region (bug)")]
+    for ax, (m, title) in zip(axes, panels):
+        ax.imshow(m, cmap="gray", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
+        w = m.shape[1] // tp
+        if m is not full:
+            for k in range(1, tp):
+                ax.axvline(k * w - 0.5, color="#C44E52", lw=2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("hidden feature (column)")
+        ax.set_yticks([])
+    axes[0].set_ylabel("position")
+    fig.suptitle(f"Dropout p = {data['p']}, one row of the global batch: white kept, black dropped; red lines: the "
+                 f"TP shards' boundaries", fontsize=10)
+    return save(fig, path, tight=True)
+
+
 def grid_config(dp, pp, tp, schedule="1f1b", sp=False, steps=5, batch=16, model=None, data="sorting", lr=1e-2):
     """The lesson's configuration of a grid: the sorting task, m = pp micro-batches."""
     return make_config(model=model or MODEL, dp=dp, pp=pp, tp=tp, schedule=schedule, microbatches=pp,

@@ -1,4 +1,6 @@
 """Lab 05's reference: minipar's own 3D pieces under the names the exercise uses."""
+import math
+
 import numpy as np
 
 from ..collectives import all_reduce
@@ -51,3 +53,17 @@ def dropout_mask(comm, key, rows, positions, cols, shape, p):
     from ..nn.dropout import keep_mask
 
     return keep_mask(key, rows, shape, positions, cols, p)
+
+
+def global_grad_norm(grid, grads):
+    """The global L2 norm as ``Trainer.grad_norm`` takes it: each rank adds the squares of what it
+    answers for (``Trainer.counted_here``: a TP shard on its rank, a parameter whole on every TP
+    rank on TP rank 0, the tied embedding on the first stage; its ZeRO shard over dp), then one
+    all-reduce over the world."""
+    d, p, t = grid.coords
+    mine = 0.0
+    for name, g, split, (lo, hi) in grads:
+        tied_copy = name == "wte" and p == grid.pp.size - 1 and p > 0
+        if (split or t == 0) and not tied_copy:
+            mine += float(np.sum(g[lo:hi] ** 2))
+    return math.sqrt(float(all_reduce(grid.world, np.array([mine]))[0]))

@@ -1,10 +1,11 @@
 """Skips the technique: the right groups and the right sums, but through the engine's own
 all-reduce (comm.builtin) instead of minipar.collectives: the softmax's max and sums, the tied
-gradient's sum over the two ends, the DP average.
+gradient's sum over the two ends, the DP average, the global norm's sum of squares.
 
 EXPECT 5.2: rank 0 called comm.builtin.all_reduce inside vocab_parallel_cross_entropy: comm.builtin is the engine's own collective
 EXPECT 5.3: rank 0 called comm.builtin.all_reduce inside sync_tied
 EXPECT 5.4: rank 0 called comm.builtin.all_reduce inside train_step
+EXPECT 5.6: rank 0 called comm.builtin.all_reduce inside global_grad_norm
 """
 import numpy as np
 
@@ -35,3 +36,10 @@ def train_step(grid, pipeline, grads, tied):
         tied[...] = sync_tied(grid.pp, tied)
     for g in grads:
         g[...] = grid.dp.builtin.all_reduce(g) / grid.dp.size
+
+
+def global_grad_norm(grid, grads):
+    d, p, t = grid.coords
+    mine = sum(float(np.sum(g[lo:hi] ** 2)) for name, g, split, (lo, hi) in grads
+               if (split or t == 0) and not (name == "wte" and p == grid.pp.size - 1 and p > 0))
+    return float(np.sqrt(grid.world.builtin.all_reduce(np.array([mine]))[0]))

@@ -57,3 +57,16 @@ def dropout_mask(comm, key, rows, positions, cols, shape, p):
         u = np.random.Generator(np.random.Philox(key=k, counter=[0, int(r), 0, 0])).random(shape)  # (T, D)
         out.append(u[np.asarray(positions)][:, lo:hi] >= p)
     return np.stack(out)
+
+
+def global_grad_norm(grid, grads):
+    d, p, t = grid.coords
+    last = grid.pp.size - 1
+    mine = 0.0
+    for name, g, split, (lo, hi) in grads:
+        if not split and t != 0:
+            continue  # whole on every TP rank: TP rank 0 counts it for all of them
+        if name == "wte" and last > 0 and p == last:
+            continue  # the head's copy of the tied embedding: the first stage counts it
+        mine += float(np.sum(g[lo:hi] ** 2))  # my ZeRO shard only: the rest is NaN
+    return float(np.sqrt(all_reduce(grid.world, np.array([mine]))[0]))
