@@ -55,7 +55,7 @@ LESSONS = [
            packages=("minipar.collectives", "minipar.cluster"), run="collectives",
            grader="minipar.labs.lab01", solution="minipar.labs.lab01_solution",
            verbs=("run collectives", "bench collectives", "cluster up", "cluster status", "cluster run",
-                  "cluster down", "cluster traffic", "cluster bench"),
+                  "cluster down", "cluster traffic", "cluster bench", "cluster placement"),
            drivers=("minipar.lessons.collectives", "minipar.lessons.faults")),
     Lesson("02", "tensor_parallel", "Tensor parallelism: column/row splits, Megatron MLP and attention, 2D block product",
            "minipar.lessons.tensor_parallel:tour", ("minipar.figures.tp",),

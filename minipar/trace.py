@@ -7,7 +7,9 @@ can record one event::
 
 ``rank`` and ``peer`` are *world* ranks (also inside sub-communicators), times are seconds
 on the rank's own monotonic clock, ``bytes`` counts what this rank sent (for ``recv``: what it
-received). The same events drive the pipeline timelines, the measured bubble, the
+received). When the tracer knows the ranks per node (``tracer.ranks_per_node``: ranks in blocks,
+rank w on node w // R), each point-to-point event's ``link`` says whether its peer is on this
+rank's node ("intra") or another ("inter"); :func:`link_bytes` sums them. The same events drive the pipeline timelines, the measured bubble, the
 communication-volume tables and a Chrome trace that opens in https://ui.perfetto.dev.
 
 Tracing off costs one attribute test per call: ``if tracer.enabled``. With ``tracer.origins``
@@ -50,6 +52,7 @@ class Event(NamedTuple):
     bytes: int
     peer: int  # -1 when not a point-to-point event
     origin: tuple = ()  # who made the call, while tracer.origins is on: see origin()
+    link: str = ""  # "intra" or "inter": the peer's node against mine (tracer.ranks_per_node); "" unknown
 
     @property
     def duration(self) -> float:
@@ -65,9 +68,13 @@ class Tracer:
         self.origins = False  # also record each point-to-point call's origin() (costs a walk up the stack)
         self.events: list[Event] = []
         self.buffers = Buffers(self)
+        self.ranks_per_node = None  # set (by the trainer, from --ranks-per-node): events get their link
 
     def record(self, kind, name, t_start, t_end, nbytes=0, peer=-1, origin=()):
-        self.events.append(Event(self.rank, kind, name, t_start, t_end, int(nbytes), int(peer), origin))
+        R, link = self.ranks_per_node, ""
+        if R and peer >= 0:
+            link = "intra" if peer // R == self.rank // R else "inter"
+        self.events.append(Event(self.rank, kind, name, t_start, t_end, int(nbytes), int(peer), origin, link))
 
     def caller(self) -> tuple:
         """The :func:`origin` of the communication call being made, while tracing with origins."""
@@ -326,8 +333,22 @@ def comm_lanes(events) -> dict:
     return lanes
 
 
+LINK_COLOURS = {"intra": "good", "inter": "terrible"}  # the trace viewer's reserved colour names: green, red
+
+
+def link_bytes(events, rank=None) -> dict:
+    """{"intra": bytes, "inter": bytes} sent (``SEND_KINDS``) by ``rank`` (None: every rank),
+    by the node of the peer; messages of unknown link are not counted."""
+    out = {"intra": 0, "inter": 0}
+    for e in events:
+        if e.kind in SEND_KINDS and e.link in out and (rank is None or e.rank == rank):
+            out[e.link] += e.bytes
+    return out
+
+
 def to_chrome_trace(events, lanes: str = "kind") -> dict:
     """Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one row per rank.
+    A message between nodes is drawn red, one inside a node green (``Event.link``).
 
     lanes="kind": compute and collectives on one lane, point-to-point on another, buffers'
     lifetimes on a third. lanes="comm": one lane per communicator family (:func:`comm_lanes`):
@@ -353,7 +374,8 @@ def to_chrome_trace(events, lanes: str = "kind") -> dict:
             "ph": "X", "pid": e.rank, "tid": lane, "cat": e.kind,
             "name": e.name if e.kind in ("compute", "collective", "buffer") else f"{e.kind} {e.name}",
             "ts": (e.t_start - t0) * 1e6, "dur": max(e.duration, 0.0) * 1e6,
-            "args": {"bytes": e.bytes, "peer": e.peer},
+            "args": {"bytes": e.bytes, "peer": e.peer, **({"link": e.link} if e.link else {})},
+            **({"cname": LINK_COLOURS[e.link]} if e.link else {}),
         })
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 

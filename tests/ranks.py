@@ -221,3 +221,34 @@ def hierarchical_and_mutants(comm):
     each planted bug on nodes of 2 (even lengths: the wrong peers hold shards of the same size)."""
     return {"ok": hierarchical(comm, (1, 2, 3)),
             **{m: hierarchical(comm, (2,), (8, 16), mutant=m)[2] for m in ("full_buffer", "wrong_peers")}}
+
+
+PLACEMENTS = {"tp inside": dict(dp=2, tp=2, order="tp-cp-pp-dp"), "tp across": dict(dp=2, tp=2, order="dp-tp-cp-pp"),
+              "pp across": dict(pp=2, tp=2, order="tp-cp-pp-dp")}
+
+
+def placement_bytes(comm):
+    """One traced training step per placement of the grid on 2 nodes of 2 ranks: the bytes this
+    rank sent inside and between nodes (read from each event's link), and the formula's:
+    ``accounting.comm_bytes`` per group, counted between nodes where the group spans nodes."""
+    from minipar.lessons.train import dp_units, make_config
+    from minipar.trace import link_bytes
+    from minipar.train import accounting as acc
+    from minipar.train.trainer import Trainer
+
+    axis = {"tp": "tp", "pp": "pp", "emb": "pp", "dp": "dp+cp", "cp": "cp"}  # each group's grid axis
+    out = {}
+    for name, kw in PLACEMENTS.items():
+        cfg = make_config(steps=1, ranks_per_node=2, **kw)
+        tr = Trainer(comm, cfg)
+        comm.tracer.clear()
+        comm.tracer.enabled = True
+        tr.step(0)
+        comm.tracer.enabled = False
+        want = acc.comm_bytes(cfg, tr.grid.coords, *dp_units(tr))
+        inter = sum(b for g, b in want.items() if b and tr.grid.crosses(axis[g]))
+        out[name] = dict(link_bytes(comm.tracer.events, comm.rank), want_inter=inter,
+                         want_intra=sum(want.values()) - inter)
+        comm.tracer.clear()
+        comm.tracer.ranks_per_node = None
+    return out

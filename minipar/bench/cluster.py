@@ -81,3 +81,41 @@ def table(records) -> str:
         lines.append(f"{r['rate']:>8} {r['algorithm']:>12} {1e3 * r['seconds']:9.1f} {r['busbw'] / 1e6:10.1f} "
                      f"{r['uplink_use']:10.2f} {fr:>8} {mpi:>6} {ok:>5} {pred:>8} {vs:>15}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- placement of a 3D grid
+
+PLACEMENTS = {"tp inside, dp across": "tp-cp-pp-dp", "tp across, dp inside": "dp-tp-cp-pp"}
+
+
+def placement_rank(comm, cfg):
+    """Lesson 05's trainer for ``cfg.steps`` steps on this rank; step 1 traced: the step times
+    (slowest rank) and the bytes this rank sent between nodes and inside them in step 1."""
+    from ..trace import link_bytes
+    from ..train.trainer import train
+
+    _, losses, times = train(comm, cfg, trace_step=1)
+    return {"step_times_s": times, "losses": losses, **link_bytes(comm.tracer.events, comm.rank)}
+
+
+def placements(rate, cfg, rounds: int = 2, progress=None) -> list[dict]:
+    """TP inside the nodes and DP across them, against TP across and DP inside, on a cluster of
+    2 nodes x 2 ranks of its own with uplinks at ``rate``; ``cfg`` a dp = tp = 2 TrainConfig. The
+    placements run in ``rounds`` interleaved rounds (the machine's speed drifts); per placement
+    the median step time after the first step of every round, and the bytes between nodes."""
+    state = N.up(2, 2, rate)
+    runs = {name: [] for name in PLACEMENTS}
+    try:
+        for _ in (progress(range(rounds)) if progress else range(rounds)):
+            for name, order in PLACEMENTS.items():
+                c = cfg.with_(order=order, ranks_per_node=2)
+                runs[name].append(L.launch_on(state, "minipar.bench.cluster:placement_rank", cfg=c).results)
+    finally:
+        N.down(state)
+    out = []
+    for name, res in runs.items():
+        times = [t for r in res for t in r[0]["step_times_s"][1:]]
+        out.append({"rate": rate, "placement": name, "order": PLACEMENTS[name], "step_s": statistics.median(times),
+                    "steps_timed": len(times), "inter_bytes": sum(x["inter"] for x in res[0]),
+                    "intra_bytes": sum(x["intra"] for x in res[0]), "losses": res[0][0]["losses"]})
+    return out

@@ -7,6 +7,7 @@ started on them with the engines' own multi-node launchers (part of lesson 01).
     minipar cluster run --engine torch -- my_script.py               # torchrun --nnodes 2 ... on each node
     minipar cluster traffic                                           # uplink bytes vs the ring's formula
     minipar cluster bench --rates 100mbit 1gbit --json bench.json    # flat vs hierarchical vs MPI's own
+    minipar cluster placement --rates 100mbit 1gbit                  # lesson 05's trainer: TP inside vs across
     minipar cluster down
 
 The technique is ``minipar.cluster``; the benchmark ``minipar.bench.cluster``.
@@ -93,7 +94,17 @@ def add_verbs(verbs):
     b.add_argument("--reps", type=bounded(100, "each repetition at 100mbit takes a second per 8 MB"), default=3)
     b.add_argument("--json", type=output_path, help="write one record per (rate, algorithm) here")
     b.set_defaults(func=cmd_bench)
-    for p in (u, r, t, b, *verbs_here):
+    pl = sub.add_parser("placement", help="lesson 05's trainer on 2 nodes x 2 ranks: TP inside the nodes and DP "
+                                          "across, against TP across and DP inside (own clusters)",
+                        **with_example("minipar cluster placement --rates 100mbit 1gbit --json placement.json"))
+    pl.add_argument("--rates", type=rate, nargs="+", default=["100mbit"])
+    pl.add_argument("--steps", type=bounded(100, "steps of each run"), default=4,
+                    help="steps per run; the first is not timed (default 4)")
+    pl.add_argument("--rounds", type=bounded(20, "interleaved rounds"), default=2,
+                    help="runs of each placement, interleaved (default 2)")
+    pl.add_argument("--json", type=output_path, help="write one record per (rate, placement) here")
+    pl.set_defaults(func=cmd_placement)
+    for p in (u, r, t, b, pl, *verbs_here):
         p.set_defaults(validate=refuse_without_namespaces)
 
 
@@ -180,6 +191,29 @@ def cmd_bench(args):
     records = B.run(args.rates, _elements(args.size), args.nodes, args.ranks_per_node, args.reps,
                     progress=lambda it: progress(it, desc="rates", unit="rate"))
     print(B.table(records))
+    if args.json:
+        write_json(args.json, records)
+    return 0
+
+
+PLACEMENT_MODEL = dict(vocab=96, d_model=128, n_heads=4, n_layers=2, seq_len=32)  # ~0.4 M parameters, float64
+
+
+def cmd_placement(args):
+    from ..bench import cluster as B
+    from ..train.model import GPTConfig
+    from ..train.trainer import TrainConfig
+
+    cfg = TrainConfig(GPTConfig(**PLACEMENT_MODEL), dp=2, tp=2, steps=args.steps, batch=16)
+    print(f"dp=2 x tp=2 on 2 nodes x 2 ranks, GPT {PLACEMENT_MODEL}, batch 16, {args.steps} steps x "
+          f"{args.rounds} rounds per placement; a cluster of its own per rate")
+    records = []
+    for r in args.rates:
+        records += B.placements(r, cfg, args.rounds, progress=lambda it: progress(it, desc=f"{r} rounds", unit="round"))
+    print(f"{'rate':>8} {'placement':>22} {'order':>12} {'step ms':>8} {'between nodes B':>16} {'inside B':>10}")
+    for rec in records:
+        print(f"{rec['rate']:>8} {rec['placement']:>22} {rec['order']:>12} {1e3 * rec['step_s']:8.0f} "
+              f"{rec['inter_bytes']:16,} {rec['intra_bytes']:10,}")
     if args.json:
         write_json(args.json, records)
     return 0

@@ -25,6 +25,7 @@ import os
 import sys
 
 from ..errors import UsageError
+from ..grid import ORDER
 from ..launcher import LaunchError
 from ..bench import gpu as gpu_bench, train as train_bench
 from ..train.config import DEFAULT_MODEL
@@ -85,6 +86,13 @@ def add_grid_options(p):
                    metavar="S", help="fp16: the first step's loss scale, a power of 2 (default 65536)")
     p.add_argument("--growth-interval", type=bounded(10**9, "steps"), default=None, metavar="K",
                    help="fp16: clean steps in a row before the loss scale doubles (default 2000)")
+    p.add_argument("--ranks-per-node", type=bounded(MAX_RANKS, "ranks per node", low=0), default=0, metavar="R",
+                   help="the ranks sit on nodes of R, in blocks (rank w on node w // R), as mpiexec's host list and "
+                        "torchrun place them; one step is traced and the bytes sent between nodes are reported "
+                        "(default 0: one node)")
+    p.add_argument("--order", default=ORDER, metavar="AXES",
+                   help=f"the grid's axes on the ranks, fastest first, as Megatron's order string (default {ORDER}: "
+                        f"TP partners on neighbouring ranks, inside a node; dp-tp-cp-pp puts DP inside, TP across)")
     p.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="torch backend: where the ranks compute (cuda: NCCL with a GPU per rank, else gloo with host staging)")
@@ -110,7 +118,8 @@ def config_from(args) -> TrainConfig:
                        recompute=args.recompute, zero=args.zero, steps=args.steps, batch=args.batch,
                        precision=args.precision or "fp64", lr=args.lr, data="sorting", cp=args.cp,
                        cp_attention=args.cp_attention, clip=args.clip, dropout=args.dropout,
-                       reshard=args.reshard, **loss_scale_options(args))
+                       reshard=args.reshard, order=args.order, ranks_per_node=args.ranks_per_node,
+                       **loss_scale_options(args))
 
 
 def loss_scale_options(args) -> dict:
@@ -226,6 +235,14 @@ def run_rank(comm, cfg, save=None, save_every=0, resume=None, traced=False):
             "grad_norms": tr.grad_norms, "loss_scales": tr.scales, "skipped": tr.skipped}
 
 
+def link_summary(events, n, ranks_per_node) -> dict:
+    """Bytes a traced step sent between nodes and inside them (``trace.link_bytes``), all ranks
+    together and between nodes per rank."""
+    from ..trace import link_bytes
+
+    return dict(link_bytes(events), inter_per_rank=[link_bytes(events, r)["inter"] for r in range(n)])
+
+
 def expert_line(experts) -> str:
     """The progress line's MoE part: tokens per expert (fewest .. most, over every layer) and
     the tokens dropped (assignments over capacity, all layers)."""
@@ -309,7 +326,7 @@ def cmd_train(args) -> int:
     try:
         out = launch(args.n, "minipar.cli.train:run_rank", backend=args.backend, device=device, quiet=False, cfg=cfg,
                      job_timeout=7 * 24 * 3600.0, save=args.save, save_every=args.save_every, resume=args.resume,
-                     traced=bool(args.trace))
+                     traced=bool(args.trace) or bool(cfg.ranks_per_node))
     except LaunchError as err:
         return launch_failed("train", err, echoed=True)
     rec = out.results[0]
@@ -336,6 +353,11 @@ def cmd_train(args) -> int:
         result["grad_norms"] = rec["grad_norms"]
     if rec["loss_scales"]:  # fp16: per step, the loss scale it ran with; the steps every rank skipped
         result["loss_scales"], result["skipped_steps"] = rec["loss_scales"], rec["skipped"]
+    if cfg.ranks_per_node:
+        result["link_bytes"] = links = link_summary(rec["trace"], args.n, cfg.ranks_per_node)
+        print(f"traced step {min(start + 1, cfg.steps - 1)} ({cfg.order} on nodes of {cfg.ranks_per_node}): "
+              f"{links['inter']:,} bytes sent between nodes, {links['intra']:,} inside nodes, all ranks together; "
+              f"between nodes, per rank: {' '.join(f'{b:,}' for b in links['inter_per_rank'])}")
     ok = True
     if args.compare:
         from ..train.trainer import train_reference

@@ -44,6 +44,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODE_COLORS = {"none": "#4C72B0", "selective": "#DD8452", "full": "#55A868"}
 LANES = ("compute", "tp", "pp", "dp")
 LANE_COLORS = {"tp": "#C44E52", "pp": "#E69F00", "dp": "#8172B3", "emb": "#937860"}
+INTER_NODE = "#111111"  # a message that crossed between nodes (traced with ranks per node), drawn inside its lane
 ACTION_COLORS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D96A"}
 
 
@@ -122,7 +123,7 @@ def plot_timeline(data, path):
     and the tied sum)."""
     from collections import defaultdict
 
-    from ..trace import comm_lanes
+    from ..trace import SEND_KINDS, comm_lanes
 
     plt = pyplot()
     ev = data["trace"]
@@ -146,16 +147,28 @@ def plot_timeline(data, path):
             else:
                 continue
             bars[key].append(((e.t_start - t0) * 1e3, (e.t_end - e.t_start) * 1e3))
+    crossing = defaultdict(list)  # y -> [(start ms, width ms)] of the messages sent between nodes
+    for i, e in enumerate(ev):
+        if e.kind in SEND_KINDS and getattr(e, "link", "") == "inter" and lane_of[i] in LANE_COLORS:
+            y = (len(ranks) - 1 - ranks.index(e.rank)) * (len(LANES) + 0.6) + len(LANES) - 1 - LANES.index(
+                "dp" if lane_of[i] == "emb" else lane_of[i])
+            crossing[y].append(((e.t_start - t0) * 1e3, max(e.t_end - e.t_start, 0.0) * 1e3))
     fig, ax = plt.subplots(figsize=(12, 0.26 * len(LANES) * len(ranks) + 2))
     for (y, color, outlined), spans in bars.items():
         ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=color, edgecolor="k" if outlined else "none", lw=0.3)
+    for y, spans in crossing.items():  # traced with ranks per node: what crossed between nodes, in red
+        ax.broken_barh(spans, (y - 0.15, 0.3), facecolors=INTER_NODE, edgecolor="none")
     ax.set_yticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=7)
     ax.set_xlabel("time since the first event of the step (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in
                (ACTION_COLORS["F"], ACTION_COLORS["B"], "#999999", LANE_COLORS["tp"], LANE_COLORS["pp"],
                 LANE_COLORS["dp"], LANE_COLORS["emb"])]
-    ax.legend(handles, ["forward of a micro-batch", "backward", "optimizer update", "TP all-reduce",
-                        "PP send / receive (waiting)", "DP average", "tied-embedding sum"],
+    names = ["forward of a micro-batch", "backward", "optimizer update", "TP all-reduce",
+             "PP send / receive (waiting)", "DP average", "tied-embedding sum"]
+    if crossing:
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=INTER_NODE))
+        names.append("a message between nodes")
+    ax.legend(handles, names,
               fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.06), ncol=4)
     cores = os.cpu_count() or 1
     crowded = (f"\n{len(ranks)} ranks share this machine's {cores} cores: most of a TP lane is a rank waiting for its "

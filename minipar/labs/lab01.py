@@ -15,7 +15,11 @@ message is the one to read. The rules (``minipar.labs.checks``):
   buffers start as NaN, so a rank that returns before receiving shows;
 * the messages are the learner's: every send and receive made by their own code, not by
   minipar's collectives (a tree_broadcast returning ``minipar.collectives.broadcast`` sends the
-  right messages, but wrote none of them).
+  right messages, but wrote none of them);
+* the hierarchical all-reduce runs on emulated nodes (every placement of the ranks in blocks of R,
+  R dividing p, as ``mpiexec -hosts a:R,b:R`` places them): each message is classed by the node
+  of its peer, across nodes a rank talks only to its own local rank on the next node, and the
+  bytes inside and across nodes are exactly those of the three rings (only the shard crosses).
 """
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ import numpy as np
 
 from ..lessons.collectives import draw
 from ..xp import chunk_bounds, to_numpy
-from .checks import (chunk_counts, compare, expect_traffic, graded, no_builtin, ranks, ring_traffic,
-                     sent, sent_by_learner, stop)
+from ..trace import SEND_KINDS
+from .checks import (chunk_counts, compare, expect_traffic, graded, no_builtin, ran, ranks,
+                     ring_traffic, sent, sent_by_learner, stop)
 from .grader import Task
 
 TITLE = "collectives from send/recv"
@@ -41,6 +46,8 @@ TASKS = [
     Task("1.5", "ring all-reduce", "ring_all_reduce", f"{HERE}:check_all_reduce"),
     Task("1.6", "cost model of the ring", "predicted_ring_time", f"{HERE}:check_cost_model", sizes=(1,),
          reference=("minipar.costmodel:allreduce_time",)),
+    Task("1.7", "hierarchical all-reduce", "hierarchical_all_reduce", f"{HERE}:check_hierarchical",
+         reference=("minipar.collectives:hierarchical_all_reduce",)),
 ]
 
 # Hints, stage by stage (`minipar check 01 --hint 1.3`): a nudge naming the idea and what to read,
@@ -129,6 +136,23 @@ HINTS = {
         2(p-1) messages and 2(p-1)/p * nbytes bytes. On p = 1 that is 0.""",
         """
         return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
+        """,
+    ),
+    "1.7": (
+        """Two link levels: the ranks of a node share a fast link, the nodes a slow one. Do the
+        all-reduce in three rings so that only 1/R of the vector crosses the slow link: inside the
+        node a reduce-scatter, across the nodes an all-reduce of your shard, inside the node an
+        all-gather. Your 1.3, 1.5 and 1.4, each on its own communicator (README, Background).""",
+        """comm.split(color, key=comm.rank) makes the communicators: colour rank // R gives the
+        ranks of your node, colour rank % R the ranks with your local rank, one per node (your
+        peers across nodes). After the intra-node reduce-scatter local rank l holds the node's
+        sum of shard l = chunk_bounds(len(x), R)[l]; all-reduce that shard, and only that, among
+        your peers.""",
+        """
+        node = comm.split(comm.rank // R, key=comm.rank)       # my node's R ranks
+        peers = comm.split(comm.rank % R, key=comm.rank)      # my local rank on every node
+        shard = ring_all_reduce(peers, ring_reduce_scatter(node, x))
+        return ring_all_gather(node, shard, [b - a for a, b in chunk_bounds(len(x), R)])
         """,
     ),
 }
@@ -266,6 +290,73 @@ def check_all_reduce(comm, fn):
                  or sent_by_learner(comm, g, fn, "ring_all_reduce", INSTEAD))
         if stop(comm, fails):
             break
+    return fails
+
+
+def by_link(comm, events, ranks_per_node):
+    """{"intra": [bytes, messages], "inter": [...]} this rank sent, classed by its peer's node
+    (rank // ranks_per_node), and the sends to a rank that is neither its right neighbour in the
+    node nor its own local rank on the next node, as (peer, bytes)."""
+    R, world = ranks_per_node, {comm.world_rank(q): q for q in range(comm.size)}
+    node, local, nodes = comm.rank // R, comm.rank % R, comm.size // R
+    right = {node * R + (local + 1) % R, (node + 1) % nodes * R + local}
+    out, stray = {"intra": [0, 0], "inter": [0, 0]}, []
+    for e in events:
+        if e.kind not in SEND_KINDS or not e.bytes:
+            continue
+        q = world.get(e.peer, e.peer)
+        link = out["intra" if q // R == node else "inter"]
+        link[0], link[1] = link[0] + e.bytes, link[1] + 1
+        if q not in right:
+            stray.append((q, e.bytes))
+    return out, stray
+
+
+def _placement(comm, g, R, case, want):
+    """The hierarchical all-reduce's messages on their links: peers, then bytes across and inside."""
+    r, nodes = comm.rank, comm.size // R
+    node, local = r // R, r % R
+    links, stray = by_link(comm, g.events, R)
+    if stray:
+        q, b = stray[0]
+        where = (f"rank {q}, local rank {q % R} of node {q // R}" if q // R != node
+                 else f"rank {q} of its own node")
+        return [f"rank {r} (local rank {local} of node {node}) sent {b} bytes to {where} ({case}); in the "
+                f"hierarchical all-reduce a rank sends only to its right neighbour inside its node "
+                f"(rank {node * R + (local + 1) % R}) and, across nodes, to its own local rank on the next "
+                f"node (rank {(node + 1) % nodes * R + local}): only they hold the same shard"]
+    total = sum(b for b, _ in links.values())
+    if total == 0 and sum(b for b, _ in want.values()):
+        return expect_traffic(comm, g, f"a hierarchical all-reduce ({case})", sum(b for b, _ in want.values()))
+    for link, what, why in (("inter", "across nodes", "2(N-1) chunks of your shard: only the shard crosses the "
+                                                      "slow link, not the whole vector"),
+                            ("intra", "inside its node", "a ring reduce-scatter and a ring all-gather of the "
+                                                         "vector among the node's ranks")):
+        (b, m), (wb, wm) = links[link], want[link]
+        if (b, m) != (wb, wm):
+            return [f"rank {r} sent {b} bytes in {m} messages {what} ({case}); the hierarchical all-reduce sends "
+                    f"exactly {wb} bytes in {wm} messages there (the trace shows {ran(g.events)}): {why}"]
+    return []
+
+
+def check_hierarchical(comm, fn):
+    fails, p, r = [], comm.size, comm.rank
+    for R in [d for d in range(1, p + 1) if p % d == 0]:  # every placement of p ranks on nodes of R
+        nodes, node, local = p // R, r // R, r % R
+        for n in (12, 7):
+            x = draw(comm, n, "float64")
+            want = comm.builtin.all_reduce(x)
+            g = graded(comm, lambda: fn(comm, x, R))
+            case = f"n={n}, {nodes} node{'s' if nodes > 1 else ''} x {R} rank{'s' if R > 1 else ''}"
+            shards = chunk_counts(n, R)  # shard l: local rank l's, as the intra-node reduce-scatter cuts it
+            links = {"intra": ring_traffic(shards, local, 8), "inter": ring_traffic(chunk_counts(shards[local], nodes),
+                                                                                    node, 8)}
+            fails = (no_builtin(comm, g, "hierarchical_all_reduce", INSTEAD)
+                     or _placement(comm, g, R, case, links)
+                     or compare(comm, g.out, want, "the sum", case)
+                     or sent_by_learner(comm, g, fn, "hierarchical_all_reduce", INSTEAD))
+            if stop(comm, fails):
+                return fails
     return fails
 
 

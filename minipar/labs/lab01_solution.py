@@ -26,3 +26,7 @@ def ring_all_reduce(comm, x):
 
 def predicted_ring_time(nbytes, p, alpha, beta):
     return M.allreduce_time("ring", nbytes, p, alpha, beta, 0.0)
+
+
+def hierarchical_all_reduce(comm, x, ranks_per_node):
+    return C.hierarchical_all_reduce(*C.node_groups(comm, ranks_per_node), x)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
+from ..grid import ORDER, parse_order
 from ..layout import Layout
 from ..nn.recompute import MODES as RECOMPUTE
 from .data import VOCAB, Data
@@ -43,6 +44,8 @@ class TrainConfig(Layout):
     initial_scale: float = 2.0**16  # fp16: the loss scale of the first step (torch.amp.GradScaler's default)
     growth_interval: int = 2000  # fp16: clean steps in a row before the scale doubles
     reshard: bool = False  # ZeRO-3: gather a stage's weights around every pipeline action, not once per step
+    order: str = ORDER  # how the grid's axes are laid out on the ranks, fastest first (Megatron's order string)
+    ranks_per_node: int = 0  # ranks on each node, in blocks (0: one node); the trace marks messages between nodes
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -85,6 +88,14 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0 <= cfg.dropout < 1:
         raise UsageError(f"--dropout={cfg.dropout!r}: the probability of dropping an activation, in [0, 1)")
     policy(cfg.precision)  # a UsageError for an unknown one
+    try:
+        parse_order(cfg.order)
+    except ValueError as e:
+        raise UsageError(f"--order: {e}") from None
+    rpn = cfg.ranks_per_node
+    if isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 0 or (rpn and cfg.ranks % rpn):
+        raise UsageError(f"--ranks-per-node={rpn!r}: must divide the {cfg.ranks} ranks (dp x pp x cp x tp) into "
+                         f"nodes of equal size")
     check_loss_scale(cfg.precision, cfg.loss_scale, cfg.initial_scale, cfg.growth_interval)
     n = cfg.ranks
     if world is not None and n != world:

@@ -132,7 +132,10 @@ class Trainer:
     def __init__(self, comm, cfg: TrainConfig, dense=None):
         check_shapes(cfg, comm.size)
         self.comm, self.cfg = comm, cfg
-        self.grid = g = Grid(comm, cfg.dp, cfg.pp, cfg.tp, cp=cfg.cp)
+        self.grid = g = Grid(comm, cfg.dp, cfg.pp, cfg.tp, cp=cfg.cp, order=cfg.order,
+                             ranks_per_node=cfg.ranks_per_node or None)
+        if cfg.ranks_per_node:  # every traced message learns whether it crossed between nodes
+            comm.tracer.ranks_per_node = cfg.ranks_per_node
         d, p, t = g.coords
         self.schedule = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
         S = self.schedule.total_stages

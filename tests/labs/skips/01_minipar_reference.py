@@ -5,12 +5,13 @@ them. The trace records who made every send and receive: here minipar.collective
 exercise. The cost model is minipar's own function, run inside the learner's.
 
 EXPECT 1.2: rank 0's send to rank 1 (8 bytes) was made by minipar's own code, minipar/collectives.py:
-EXPECT 1.2: in broadcast(), called at tests/labs/skips/01_minipar_reference.py:19: write tree_broadcast's messages yourself, with comm.sendrecv
+EXPECT 1.2: in broadcast(), called at tests/labs/skips/01_minipar_reference.py:20: write tree_broadcast's messages yourself, with comm.sendrecv
 EXPECT 1.3: was made by minipar's own code, minipar/collectives.py:
-EXPECT 1.3: called at tests/labs/skips/01_minipar_reference.py:23: write ring_reduce_scatter's messages yourself
-EXPECT 1.4: called at tests/labs/skips/01_minipar_reference.py:27: write ring_all_gather's messages yourself
-EXPECT 1.5: called at tests/labs/skips/01_minipar_reference.py:31: write ring_all_reduce's messages yourself
-EXPECT 1.6: predicted_ring_time ran minipar's own minipar.costmodel.allreduce_time (called at tests/labs/skips/01_minipar_reference.py:35
+EXPECT 1.3: called at tests/labs/skips/01_minipar_reference.py:24: write ring_reduce_scatter's messages yourself
+EXPECT 1.4: called at tests/labs/skips/01_minipar_reference.py:28: write ring_all_gather's messages yourself
+EXPECT 1.5: called at tests/labs/skips/01_minipar_reference.py:32: write ring_all_reduce's messages yourself
+EXPECT 1.7: hierarchical_all_reduce ran minipar's own minipar.collectives.hierarchical_all_reduce
+EXPECT 1.6: predicted_ring_time ran minipar's own minipar.costmodel.allreduce_time (called at tests/labs/skips/01_minipar_reference.py:36
 """
 from minipar import collectives, costmodel
 
@@ -33,3 +34,7 @@ def ring_all_reduce(comm, x):
 
 def predicted_ring_time(nbytes, p, alpha, beta):
     return costmodel.allreduce_time("ring", nbytes, p, alpha, beta, 0.0)
+
+
+def hierarchical_all_reduce(comm, x, ranks_per_node):
+    return collectives.hierarchical_all_reduce(*collectives.node_groups(comm, ranks_per_node), x)

@@ -55,5 +55,13 @@ def ring_all_reduce(comm, x):
     return ring_all_gather(comm, ring_reduce_scatter(comm, x), counts)
 
 
+def hierarchical_all_reduce(comm, x, ranks_per_node):
+    R = ranks_per_node
+    node = comm.split(comm.rank // R, key=comm.rank)  # the ranks of my node
+    peers = comm.split(comm.rank % R, key=comm.rank)  # my local rank on every node
+    shard = ring_all_reduce(peers, ring_reduce_scatter(node, x))  # only my shard crosses the nodes
+    return ring_all_gather(node, shard, [b - a for a, b in chunk_bounds(len(x), R)])
+
+
 def predicted_ring_time(nbytes, p, alpha, beta):
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta
