@@ -22,6 +22,18 @@ def minipar(*args, timeout=300, cwd=None):
                           cwd=cwd)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test leaves ``os.environ`` as it found it. ``minipar.cli.main`` run in-process sets
+    MINIPAR_WATCHDOG and MINIPAR_LINK for the ranks it launches; a fuzzed ``--watchdog 10^12``
+    once stayed behind and reached every later job of the session."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def has_torch():
     try:
         import torch  # noqa: F401

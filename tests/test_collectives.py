@@ -37,6 +37,17 @@ def test_collectives_torch_gloo(n):
     check_records(out.results, n)
 
 
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_a_watchdog_of_any_length_still_lets_torch_meet():
+    """A watchdog of 10^12 s (in effect: none) made torch's engine timeout overflow its int64
+    nanoseconds, and every rendezvous then "timed out" at once; the engine's timeout is capped."""
+    if not has_torch():
+        pytest.skip("torch not installed")
+    out = launch(2, "minipar.lessons.collectives:verify", backend="torch", quiet=True, watchdog=1e12, lengths=(3,))
+    check_records(out.results, 2)
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_collectives_torch_cuda():

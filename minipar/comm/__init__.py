@@ -125,6 +125,9 @@ def init(backend: str = "mpi", device: str | None = None, watchdog: float | None
     return comm
 
 
+ENGINE_TIMEOUT_MAX = 86400.0  # seconds
+
+
 def _init_torch(device, timeout, trace):
     import datetime
 
@@ -144,8 +147,10 @@ def _init_torch(device, timeout, trace):
     else:
         dev = "cpu"
     if not dist.is_initialized():
-        # the engine's own timeout stays well above ours, so our watchdog reports first
-        limit = datetime.timedelta(seconds=max(timeout * 4, 300) if timeout > 0 else 3600)
+        # the engine's own timeout stays well above ours, so our watchdog reports first; at most a
+        # day: torch keeps it in int64 nanoseconds, and a watchdog of 10^12 s (in effect: none)
+        # overflowed them, after which every rendezvous "timed out" at once
+        limit = datetime.timedelta(seconds=min(max(timeout * 4, 300), ENGINE_TIMEOUT_MAX) if timeout > 0 else 3600)
         dist.init_process_group(engine, rank=rank, world_size=size, timeout=limit)
         atexit.register(finalize)
     tracer = Tracer(rank, trace)
