@@ -69,10 +69,10 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def bench_rank(comm, cfg, steps, baseline=False):
+def bench_rank(comm, cfg, steps, baseline=False, rate=False):
     """Seconds per step (the slowest rank's) over ``steps`` steps after one warm-up step; on one
-    rank with ``baseline`` the dense GPT without any communicator; plus the matmul rate and rank
-    0's minor page faults per timed step."""
+    rank with ``baseline`` the dense GPT without any communicator; plus rank 0's minor page faults
+    per timed step, and with ``rate`` (the baseline, once per run) this thread's matmul rate."""
     if baseline:
         from ..optim import Adam
         from ..train.model import GPT
@@ -89,7 +89,8 @@ def bench_rank(comm, cfg, steps, baseline=False):
             if step == 0:
                 f0 = minor_faults()  # after the warm-up step
         faults = (minor_faults() - f0) / steps  # before the matmul rate's own arrays
-        return {"step_s": float(np.mean(times[1:])), "matmul_flops": matmul_rate(), "faults_per_step": faults}
+        return {"step_s": float(np.mean(times[1:])), "matmul_flops": matmul_rate() if rate else None,
+                "faults_per_step": faults}
     from ..train.trainer import train
 
     warm = {}
@@ -98,7 +99,7 @@ def bench_rank(comm, cfg, steps, baseline=False):
     faults = (minor_faults() - warm["faults"]) / steps if comm.rank == 0 else None
     peaks = comm.builtin.allgather_object(tr.peak_activations)
     return {"step_s": float(np.mean(times[1:])), "peak_activations": max(peaks),
-            "matmul_flops": matmul_rate(0.3) if comm.rank == 0 else None, "faults_per_step": faults}
+            "faults_per_step": faults}
 
 
 def recompute_table(base, steps, ranks=4):
@@ -153,7 +154,8 @@ def run(args, progress=lambda grids, **_: grids) -> int:
     m = base.model
     print(f"minipar bench train: GPT {m.num_params():,} parameters, batch {base.batch} x {m.seq_len} tokens, "
           f"{args.steps} timed steps after one warm-up; under mpiexec, one BLAS thread per rank", flush=True)
-    out = launch(1, "minipar.bench.train:bench_rank", quiet=True, job_timeout=3600.0, cfg=base, steps=args.steps, baseline=True)
+    out = launch(1, "minipar.bench.train:bench_rank", quiet=True, job_timeout=3600.0, cfg=base, steps=args.steps, baseline=True,
+                 rate=True)
     b = out.results[0]
     rate, cores = b["matmul_flops"], os.cpu_count() or 1
     flops = model_flops(base)
