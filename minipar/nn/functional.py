@@ -23,12 +23,23 @@ from ..xp import device, is_torch, namespace, size
 def matmul(a, b):
     """a @ b, as a tensor core computes 16-bit matmuls: 16-bit inputs, float32 sums, a 16-bit
     output. NumPy has no BLAS for float16 (its own loop runs ~35x slower than float32 here), so
-    NumPy float16 operands are multiplied by float32 BLAS and the product rounded to float16.
-    Everything else (torch, whose 16-bit kernels do this already; ml_dtypes' bfloat16, whose
-    matmul sums and returns float32): a @ b."""
+    NumPy float16 operands are multiplied by float32 BLAS and the product rounded to float16;
+    ml_dtypes' bfloat16 matmul sums and returns float32, rounded to bfloat16 here. Everything
+    else (torch, whose 16-bit kernels do this already): a @ b."""
     if not is_torch(a) and a.dtype == np.float16:
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
-    return a @ b
+    return kept(a @ b, a)
+
+
+def kept(y, like):
+    """``y`` in ``like``'s dtype: each kernel here returns (and saves) its input's dtype, as a 16-bit
+    GPU kernel computes in float32 registers and writes 16 bits. Only NumPy's bfloat16 needs it
+    (ml_dtypes promotes bfloat16 with a Python float, and its matmul, to float32: the activations
+    kept and the tensors all-reduced would be float32, twice a real engine's bytes); a no-op for
+    every other dtype and for torch."""
+    if y is None or y.dtype == like.dtype:
+        return y
+    return namespace(y).astype(y, like.dtype)
 
 # --------------------------------------------------------------------------- linear
 
@@ -77,15 +88,15 @@ def gelu_forward(x):
     Saved for backward: ctx = (x, tanh(u)).
     """
     xp = namespace(x)
-    t = xp.tanh(_GELU_C * (x + _GELU_A * (x * x * x)))  # x*x*x: NumPy's float power is ~100x slower
-    return 0.5 * x * (1.0 + t), (x, t)
+    t = kept(xp.tanh(_GELU_C * (x + _GELU_A * (x * x * x))), x)  # x*x*x: NumPy's float power is ~100x slower
+    return kept(0.5 * x * (1.0 + t), x), (x, t)
 
 
 def gelu_backward(dy, ctx):
     """dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
     x, t = ctx
     du = _GELU_C * (1.0 + 3.0 * _GELU_A * (x * x))
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+    return kept(dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), dy)
 
 
 # --------------------------------------------------------------------------- softmax
@@ -98,7 +109,7 @@ def softmax_forward(x, axis=-1):
     """
     xp = namespace(x)
     e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
-    y = e / xp.sum(e, axis=axis, keepdims=True)
+    y = kept(e / xp.sum(e, axis=axis, keepdims=True), x)
     return y, (y, axis)
 
 
@@ -106,7 +117,7 @@ def softmax_backward(dy, ctx):
     """dx = y * (dy - sum(dy * y)): the Jacobian diag(y) - y y^T applied without forming it."""
     y, axis = ctx
     xp = namespace(dy)
-    return y * (dy - xp.sum(dy * y, axis=axis, keepdims=True))
+    return kept(y * (dy - xp.sum(dy * y, axis=axis, keepdims=True)), dy)
 
 
 # --------------------------------------------------------------------------- layernorm
@@ -120,9 +131,9 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
     xp = namespace(x)
     mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
     var = xp.mean((x - mu) ** 2, axis=-1, keepdims=True)  # (..., 1), biased like torch
-    rstd = 1.0 / xp.sqrt(var + eps)  # (..., 1)
-    xhat = (x - mu) * rstd  # (..., C)
-    return xhat * gamma + beta, (xhat, rstd, gamma)
+    rstd = kept(1.0 / xp.sqrt(var + eps), x)  # (..., 1)
+    xhat = kept((x - mu) * rstd, x)  # (..., C)
+    return kept(xhat * gamma + beta, x), (xhat, rstd, gamma)
 
 
 def layernorm_backward_input(dy, ctx):
@@ -137,7 +148,7 @@ def layernorm_backward_input(dy, ctx):
     g = dy * gamma  # (..., C)
     mean_g = xp.mean(g, axis=-1, keepdims=True)  # (..., 1)
     mean_gx = xp.mean(g * xhat, axis=-1, keepdims=True)  # (..., 1)
-    return rstd * (g - mean_g - xhat * mean_gx)  # (..., C)
+    return kept(rstd * (g - mean_g - xhat * mean_gx), dy)  # (..., C)
 
 
 def layernorm_backward_weight(dy, ctx):
@@ -165,13 +176,13 @@ def attention_probs(q, k, scale, causal=True):
     positions (a rank that owns a slice of the queries passes the keys up to its last query).
     """
     xp = namespace(q)
-    att = matmul(q, xp.matrix_transpose(k)) * scale  # (B, nh, Tq, Tk)
+    att = kept(matmul(q, xp.matrix_transpose(k)) * scale, q)  # (B, nh, Tq, Tk)
     if causal:
         Tq, Tk = q.shape[-2], k.shape[-2]
         i = xp.arange(Tq, device=device(q)) + (Tk - Tq)  # each query's position among the keys
         j = xp.arange(Tk, device=device(q))
         future = j[None, :] > i[:, None]  # (Tq, Tk), True above the (shifted) diagonal
-        att = xp.where(future, -xp.inf, att)
+        att = kept(xp.where(future, -xp.inf, att), q)
     p, _ = softmax_forward(att, axis=-1)  # (B, nh, Tq, Tk)
     return p
 
@@ -209,7 +220,7 @@ def attention_backward(dout, ctx):
         p = attention_probs(q, k, scale, causal=True)  # (B, nh, T, T) recomputed
     dv = matmul(xp.matrix_transpose(p), dout)  # (B, nh, T, hs)
     dp = matmul(dout, xp.matrix_transpose(v))  # (B, nh, T, T)
-    datt = softmax_backward(dp, (p, -1)) * scale  # (B, nh, T, T); (p, -1) is the softmax's ctx
+    datt = kept(softmax_backward(dp, (p, -1)) * scale, dout)  # (B, nh, T, T); (p, -1) is the softmax's ctx
     dq = matmul(datt, k)  # (B, nh, T, hs)
     dk = matmul(xp.matrix_transpose(datt), q)  # (B, nh, T, hs)
     return dq, dk, dv

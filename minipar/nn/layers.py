@@ -216,10 +216,10 @@ class Dropout(Module):
         if self.draw is None or self.draw.p == 0:
             return x, None
         mask = self.mask(x)
-        return x * mask * (1.0 / (1.0 - self.draw.p)), mask
+        return F.kept(x * mask * (1.0 / (1.0 - self.draw.p)), x), mask
 
     def backward_input(self, dy, mask):
-        return dy if mask is None else dy * mask * (1.0 / (1.0 - self.draw.p))
+        return dy if mask is None else F.kept(dy * mask * (1.0 / (1.0 - self.draw.p)), dy)
 
 
 # --------------------------------------------------------------------------- composites
