@@ -5,7 +5,30 @@
 
 Notation (docs/train.md): b micro-batch rows, T tokens of a rank (the sequence length over cp),
 C width, H MLP width, a heads, V vocab, t = tp, Ts = T/t with sequence parallelism (else T),
-e bytes per element, m micro-batches.
+e bytes per element of the compute dtype (8, 4, or 2 in bf16 and fp16), f of the master dtype
+(8 in fp64, else 4), m micro-batches.
+
+In 16 bits (``--precision bf16 | fp16``) every activation kept and everything sent over tp, pp and
+cp is 16-bit (e = 2), as Megatron keeps them; three things are float32 (f = 4), as Megatron keeps
+them too:
+
+    the cross-entropy's two all-reduces over tp    the logits are cast to float32 before the
+        (the row maxima (b, T), then [sum exp,       vocab-parallel softmax (16-bit logits would
+        label logit] (2, b, T))                      lose the small probabilities), so its sums are
+    the dp reductions (DDP's all-reduce, ZeRO's    the gradients are float32 main_grad: every
+        reduce-scatter) and the tied embedding's     micro-batch's gradient is added into float32,
+        sum over emb                                 and reduced from there
+    (the weights ZeRO all-gathers are the 16-bit copies: e.)
+
+Where minipar differs from Megatron in 16 bits, and the formula follows minipar: with sequence
+parallelism the LayerNorms' weight gradients are all-reduced over tp inside each backward, in the
+compute dtype (e), where Megatron all-reduces their float32 main_grad once per step; and the cp
+attention core keeps its log-sum-exp in the compute dtype, where flash attention keeps it float32.
+The logits' gradient is kept in the compute dtype (cast back after the float32 softmax). NumPy's
+bfloat16 (ml_dtypes) promotes a matmul and any op with a Python float to float32; the kernels of
+``minipar.nn.functional`` return their input's dtype (``kept``), as a 16-bit GPU kernel computes in
+float32 registers and writes 16 bits: otherwise the bf16 run held float32 activations and
+all-reduced float32 over tp, twice these bytes, which no real engine does.
 
 Activations are counted per memory block (a view and its base once), as ``Trainer.sample``
 counts them: the forward contexts the executor keeps, and the output gradients it keeps for W.
