@@ -79,7 +79,8 @@ def linear_backward_weight(dy, ctx):
     xp = namespace(dy)
     x2 = xp.reshape(x, (-1, w.shape[0]))  # (N, d_in), N = product of leading dims
     dy2 = xp.reshape(dy, (-1, w.shape[1]))  # (N, d_out)
-    dw = matmul(xp.matrix_transpose(x2), dy2)  # (d_in, d_out)
+    x2, dy2 = wide(x2), wide(dy2)  # NumPy bf16: dw in float32, unrounded (Megatron's gradient-accumulation
+    dw = matmul(xp.matrix_transpose(x2), dy2)  # (d_in, d_out)   fusion writes it into float32 main_grad)
     db = xp.sum(dy2, axis=0) if has_bias else None  # (d_out,)
     return dw, db
 
