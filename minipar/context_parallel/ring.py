@@ -22,8 +22,8 @@ backward: the same all-gather of K|V, and dK|dV travel back as a reduce-scatter:
 (|K_local| = B * nh * T/cp * hs elements; see ``traffic``). The dense reference beside it is
 ``minipar.nn.functional.attention_forward/backward`` on the whole sequence.
 
-Dropout on the probabilities (``drop``): a block's keep mask is drawn where the block is used,
-at the *global* (row, head, query, key) of its elements, the keys' positions those of the rank
+Dropout on the probabilities (``drop``): a block's keep mask is drawn where the block is used
+(my queries against it, once per step), at the *global* (row, head, query, key) of its elements, the keys' positions those of the rank
 the block came from (``layout.positions(j)``), so the ring drops exactly one process's
 probabilities, normalised by the undropped sum (``blocks``). Nothing more is sent, and no mask
 is kept: the backward draws each block's mask again (flash attention's way, from its saved

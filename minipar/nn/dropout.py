@@ -14,20 +14,34 @@ unchanged. Whether it is kept is a function of (seed, step, layer, site, its *gl
     u[r]    = Generator(Philox(key=key, counter=[0, r, 0, 0])).random((T, D))   # global row r
     keep    = u[r][t, j] >= p          # position t, feature j
 
+The attention probabilities (``AttentionDropout``, inside the attention core) are indexed by
+(row, head, query position, key position), one stream per global (row, head):
+
+    u[r, h] = Generator(Philox(key=key, counter=[0, r, h, 0])).random((T, T))
+    keep    = u[r, h][i, j] >= p    # query i, key j
+
+so a TP rank draws the heads it holds by their global index (t nh/tp + its own), and a
+context-parallel core its queries against each block of keys by their global positions,
+whichever rank the block came from and whatever order the core lays the sequence out in.
+
 Philox (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3") is counter-based:
 its output is a fixed function of (key, counter), so any rank can start the stream of global
 row r without drawing rows 0 ... r-1 first. A rank therefore draws exactly the bits one process
 draws for the rows, positions and columns it holds, whatever the grid: dp or a micro-batch
 picks the rows, cp (zigzag) and sequence parallelism pick the positions, tp picks the columns of
-a site inside a TP region (the MLP's hidden layer). The losses of every grid then equal one
-process's with dropout on, and a recomputed forward (``minipar.nn.recompute``) replays the same
-masks, because it runs with the same (step, rows).
+a site inside a TP region (the MLP's hidden layer) or its heads (the attention probabilities).
+The losses of every grid then equal one process's with dropout on, and whatever draws a mask
+again replays it, because it draws at the same (step, rows): a recomputed forward
+(``minipar.nn.recompute``), selective recomputation's probabilities, ring attention's and
+Ulysses' backward (they keep no mask).
 
 Cost: a rank draws the whole (T, D) of each of its rows and keeps its slice, so a site drawn
 with cp x tp ranks sharing a row draws up to cp x tp times the uniforms it keeps (T D float64s
 of scratch per row); the kept mask (bools, one byte an element) lives in the ctx until the
-backward, one more activation of the size of the site's output. Drawing each (row, position)
-from its own counter would cut the waste to the columns, at one Generator per position.
+backward, one more activation of the size of the site's output; the probabilities' mask is
+b nh T^2 bytes per layer, as many elements as p (selective recomputation drops both). Drawing
+each (row, position) from its own counter would cut the waste to the columns, at one stream per
+position.
 
 The torch backend draws with NumPy's Philox too and converts (``from_numpy``): torch's CPU
 generator is a Mersenne Twister, which cannot start at an element's index, and its Philox is
