@@ -26,10 +26,11 @@ softmax's own (one process drops the *normalised* probabilities):
     acc = sum_j drop(exp(s_j - m)) v_j,   l = sum_j exp(s_j - m),   out = acc / l = sum_j drop(p_j) v_j
 
 and the backward takes the same mask again: dv += drop(p)^T dout, ds = p * (drop(dout v^T) -
-delta) * scale. delta is still rowsum(dout * out): sum_j p_j drop(dout v_j^T) = dout . out. Shapes: (B, nh, tq, hs) queries,
-(B, nh, tk, hs) keys and values; ``allowed`` is a (tq, tk) boolean mask or None (all allowed).
-Masks come from *positions* (:func:`allowed`), so one kernel serves the causal mask, padding and
-any order the sequence was split in.
+delta) * scale. delta is still rowsum(dout * out): sum_j p_j drop(dout v_j^T) = dout . out.
+
+Shapes: (B, nh, tq, hs) queries, (B, nh, tk, hs) keys and values; ``allowed`` is a (tq, tk)
+boolean mask or None (all allowed). Masks come from *positions* (:func:`allowed`), so one kernel
+serves the causal mask, padding and any order the sequence was split in.
 """
 from __future__ import annotations
 

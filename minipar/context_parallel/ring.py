@@ -23,11 +23,12 @@ backward: the same all-gather of K|V, and dK|dV travel back as a reduce-scatter:
 ``minipar.nn.functional.attention_forward/backward`` on the whole sequence.
 
 Dropout on the probabilities (``drop``): a block's keep mask is drawn where the block is used
-(my queries against it, once per step), at the *global* (row, head, query, key) of its elements, the keys' positions those of the rank
-the block came from (``layout.positions(j)``), so the ring drops exactly one process's
-probabilities, normalised by the undropped sum (``blocks``). Nothing more is sent, and no mask
-is kept: the backward draws each block's mask again (flash attention's way, from its saved
-Philox state), at the same index, so it is the forward's.
+(my queries against it, once per step), at the *global* (row, head, query, key) of its
+elements, the keys' positions those of the rank the block came from (``layout.positions(j)``),
+so the ring drops exactly one process's probabilities, normalised by the undropped sum
+(``blocks``). Nothing more is sent, and no mask is kept: the backward draws each block's mask
+again (flash attention's way, from its saved Philox state), at the same index, so it is the
+forward's.
 """
 from __future__ import annotations
 
