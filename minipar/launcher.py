@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from . import libc
 from .comm import check_backend
 from .errors import UsageError
 
@@ -271,25 +272,13 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None):
 GRACE = 3.0  # seconds a stopped job has to end its ranks and remove its files before SIGKILL
 
 
-def _prctl():
-    """libc's ``prctl`` where there is one (Linux), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
 def _dies_with(parent: int):
     """What mpiexec's process runs before it starts (``preexec_fn``): if ``parent``, this process,
     is killed outright (SIGKILL, the OOM killer), where no handler of ours runs and :func:`stop`
     never comes, Linux sends mpiexec SIGTERM (``PR_SET_PDEATHSIG``), and mpiexec ends its ranks
     and removes hydra's file as when stopped. Only the launch folder stays behind: only this
     process knew it. Looked up here, in the parent: the child between fork and exec does little."""
-    prctl = _prctl()
+    prctl = libc.prctl()
     if prctl is None:
         return None
 
