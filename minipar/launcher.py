@@ -192,6 +192,26 @@ def rank_env(env=None) -> dict:
     return env
 
 
+@contextlib.contextmanager
+def job_settings(variables: dict):
+    """``variables`` (name: value; None leaves a name alone) in this process's environment for the
+    duration, and so in every job launched inside (``rank_env`` copies it) and in a rank run in
+    this very process (``minipar.init`` reads them as every rank does): ``minipar --watchdog`` and
+    ``--link`` reach the ranks this way. Afterwards ``os.environ`` is as it was: a caller of
+    ``minipar.cli.main`` in-process does not keep them for its later jobs."""
+    changes = {k: str(v) for k, v in variables.items() if v is not None}
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def this_process() -> str:
     """``pid 123 on host: command line``: who started a job, in one line (a checkpoint's lock
     names its holder this way)."""
