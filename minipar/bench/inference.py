@@ -105,6 +105,11 @@ def probe(comm, w, x):
     return min(r[0] for r in rates), min(r[1] for r in rates)
 
 
+def probe_rank(comm, probe_bytes=PROBE_BYTES):
+    """Rank side: ``probe`` alone, every rank at once (the machine table's read rate beside STREAM)."""
+    return probe(comm, *probe_matrix(probe_bytes))
+
+
 def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0, probe_bytes=PROBE_BYTES):
     """Rank side: prefill seconds, seconds per new token (slowest rank) and bytes held, at width d;
     the read probe of every rank at once just before and just after the token loop (no probe
@@ -115,13 +120,13 @@ def decode_rank(comm, d, prompt=4, n_new=12, batch=1, seed=0, probe_bytes=PROBE_
     model = build(comm, cfg, seed)
     ids = np.random.default_rng(seed).integers(0, cfg.vocab, (batch, prompt))
     lo = model.head.owner().vocab_start
-    w, x = probe_matrix(probe_bytes) if probe_bytes else (None, None)
-    before = probe(comm, w, x) if probe_bytes else (None, None)
     comm.barrier()
     t0 = time.perf_counter()
     logits = forward_cached(model, comm.asarray(ids), {}, 0)
     greedy_token(comm, logits[:, -1, :], lo)
     pre = time.perf_counter() - t0
+    w, x = probe_matrix(probe_bytes) if probe_bytes else (None, None)
+    before = probe(comm, w, x) if probe_bytes else (None, None)
     times = []
     out, per_token = generate(comm, model, ids, n_new, times=times)
     after = probe(comm, w, x) if probe_bytes else (None, None)
@@ -249,11 +254,13 @@ def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=
 
     load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     one, two = machine(1), machine(2)
+    reads = {n: launch(n, probe_rank, quiet=True).results[0] for n in (1, 2)}  # (wall, CPU) bytes/s per rank
     hw = hardware(one, two)
     per_rank = {1: one["memory_bandwidth"], 2: two["memory_bandwidth"], 4: two["memory_bandwidth"] / 2}
-    print(f"this machine: matmul {hw.peak_flops / 1e9:.2f} GFLOP/s float64 per rank; memory {one['memory_bandwidth'] / 1e9:.2f} "
+    print(f"this machine: matmul {hw.peak_flops / 1e9:.2f} GFLOP/s float64 per rank; STREAM {one['memory_bandwidth'] / 1e9:.2f} "
           f"GB/s alone, {two['memory_bandwidth'] / 1e9:.2f} GB/s per rank with 2 reading ({2 * two['memory_bandwidth'] / 1e9:.2f} "
-          f"together); alpha {two['alpha'] * 1e6:.1f} us", flush=True)
+          f"together); read probe {reads[1][0] / 1e9:.2f} GB/s alone, {reads[2][0] / 1e9:.2f} per rank with 2 reading; "
+          f"alpha {two['alpha'] * 1e6:.1f} us", flush=True)
     best = {}
     jobs = [(d, t) for _ in range(rounds) for d in widths for t in tps]  # rounds interleaved: the best of each kept
     print(f"{'d':>6}{'TP':>4}{'MB/rank':>10}{'ms/token':>10}{'CPU ms':>8}{'predicted':>11}{'pred/meas':>10}"
@@ -289,7 +296,8 @@ def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=
         f"B matvecs {pr['matvecs'][k] * 1e3:.1f}" for k in pr["stacked"]), flush=True)
     print("prefill: " + ", ".join(f"T={k}: {v * 1e3:.1f} ms ({k / v:.0f} tokens/s)" for k, v in b["prefill_s"].items()))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"machine": {"one": one, "two": two}, "hardware": {"peak_flops": hw.peak_flops, "alpha": hw.intra.alpha,
+    return {"machine": {"one": one, "two": two, "probe": {str(n): {"wall": w, "cpu": c} for n, (w, c) in reads.items()}},
+            "hardware": {"peak_flops": hw.peak_flops, "alpha": hw.intra.alpha,
             "bandwidth_per_rank": {str(k): v for k, v in per_rank.items()}}, "rows": rows, "batch": b,
             "layers": LAYERS, "heads": HEADS, "vocab": VOCAB, "load_average": load, "load_average_start": load0, "cores": os.cpu_count(),
             "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -315,7 +323,13 @@ def run(args, progress=lambda xs, **_: xs) -> int:
 def markdown(rec) -> str:
     """The record's tables as docs/inference.md shows them: decode per width and TP, then the batch
     and the products beside it."""
-    out = ["| d | weights per rank | TP | load | ms per token | predicted | error | weight GB/s read per rank "
+    mc = rec["machine"]
+    out = ["| ranks reading at once | STREAM c = a + b, GB/s per rank | read probe x @ w, GB/s per rank (wall) | (CPU clock) |",
+           "|---:|---:|---:|---:|"]
+    for n, key in (("1", "one"), ("2", "two")):
+        out.append(f"| {n} | {mc[key]['memory_bandwidth'] / 1e9:.2f} | {mc['probe'][n]['wall'] / 1e9:.2f} | "
+                   f"{mc['probe'][n]['cpu'] / 1e9:.2f} |")
+    out += ["", "| d | weights per rank | TP | load | ms per token | predicted | error | weight GB/s read per rank "
            "| probe GB/s per rank, before / after | predicted from STREAM (GB/s) | error | CPU ms per token "
            "| predicted from the CPU-clock probe | error | prefill ms (4 tokens) |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
