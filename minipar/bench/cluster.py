@@ -127,7 +127,7 @@ def same_losses_row(records) -> dict:
     """A check row: every placement of one grid trained the same model (its losses, float64, to 1e-12)."""
     base = records[0]["losses"]
     err = max(abs(a - b) / abs(b) for r in records for a, b in zip(r["losses"], base))
-    return {"what": f"placements {' / '.join(r['order'] for r in records)}: the same losses (float64)",
+    return {"what": f"placements {' / '.join(dict.fromkeys(r['order'] for r in records))}: the same losses (float64)",
             "error": err, "tolerance": 1e-12, "ok": err <= 1e-12 and all(len(r["losses"]) == len(base) for r in records)}
 
 
