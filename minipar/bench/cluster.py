@@ -50,7 +50,7 @@ def run(rates, n: int, nodes: int = 2, per_node: int = 2, reps: int = 3, progres
                     N.down(own)
             records += [dict(r, load_average=load) for r in summarize(res, rate, n, nodes, per_node, reps, warmup)]
     finally:
-        if state is not None:
+        if state is not None and N.existing(state):  # (a cluster taken down meanwhile: nothing to restore)
             N.set_rate(state, f"{before}bit")
     return records
 
