@@ -46,7 +46,7 @@ def latency(rec, path):
         bx.plot(ds, [r["read_bytes"] / r["token_cpu_s"] / 1e9 for r in rs], marker="^", ls="-.",
                 color=line[0].get_color(), label=f"TP = {tp}: the same per CPU second")
         bx.plot(ds, [r["probe_cpu_bandwidth"] / 1e9 for r in rs], ls="-.", marker="1", color=line[0].get_color(),
-                label="read probe per CPU second")
+                label=f"read probe per CPU second, {tp} process{'es' if tp > 1 else ''}")
         bx.plot(ds, [r["stream_bandwidth"] / 1e9 for r in rs], ls=":", marker="+", color=line[0].get_color(),
                 label=f"STREAM of the machine table, {tp} process{'es' if tp > 1 else ''} (per process)")
     for a in (ax, bx):
