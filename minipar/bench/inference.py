@@ -7,7 +7,8 @@ One run measures, on this machine, one BLAS thread per rank:
 
 - the machine: ``plan.machine.measure`` on 1 rank and on 2 ranks at once (matmul rate, a
   STREAM-like ``c = a + b`` over arrays far larger than the last-level cache, ping-pong alpha
-  and beta): the bandwidth one process gets alone, and each of two reading together;
+  and beta): the bandwidth one process gets alone, and each of two reading together; beside
+  it the read probe below, on 1 and 2 ranks at once;
 - lesson 05's greedy generation with a KV cache (``train.generate``) of a random GPT of width
   d (8 layers, 8 heads, float64) at TP = 1 and 2, each in its own job: the prompt's prefill,
   then seconds per new token (the median over the tokens of the slowest rank's; its CPU seconds
@@ -19,12 +20,13 @@ One run measures, on this machine, one BLAS thread per rank:
   prediction's bandwidth (the harmonic mean of the two: the mean of the two predicted times).
   Why not STREAM: this machine's bandwidth drifts from job to job (a virtual machine), so the
   bandwidth must be taken in the same job; and one core's bandwidth depends on what it reads
-  (the misses it keeps in flight): STREAM's c = a + b moves three arrays and writes one, a decode
-  step only reads, row after row of a matrix. STREAM stays in the machine table, and each row
+  (the misses it keeps in flight): STREAM's c = a + b reads two arrays and writes a third, a
+  decode step only reads, row after row of a matrix. STREAM stays in the machine table, and each row
   keeps the prediction from it (``predicted_stream_token_s``) to show what ignoring the probe costs;
 - the batch: decode steps of B sequences at TP = 1 on one DRAM-bound width, and a prefill of
   T prompt tokens: where a step stops costing the same whatever B (memory-bound) and grows
-  with B (compute-bound), against the roofline's B* = matmul rate / bandwidth x 8 / 2; beside
+  with B (compute-bound), against the roofline's B* = matmul rate / bandwidth x 8 / 2 (the
+  bandwidth: the job's read probe, before and after its steps); beside
   it, the products a batched step could run (``products``): (B, 1, d) @ w as the lesson's
   layers run it, (B, d) @ w, and B matrix-vector products, on the probe's matrix.
 
