@@ -16,7 +16,7 @@ drawn from its own run and checked.
                                   checked: the shards tile one process's mask bit for bit, the
                                   shared seed's do not)
 
-``--quick`` (the tour): 3 steps of random tokens for the precisions, one step of dp2 tp2 with two
+``--quick`` (the tour): 3 steps of random tokens for the precisions, 2 steps of dp2 tp2 with two
 bugs for the norm. Every run's checks must pass (a failing one is printed and stops the figures).
 """
 from __future__ import annotations
@@ -210,7 +210,7 @@ def make(outdir, quick=False, backend="mpi", device=None):
     _, data = checked_run("minipar.figures.train_features:precision_runs", N, "precision", backend, device,
                           **(dict(steps=3, data="random") if quick else {}))
     out = [plot_precision(data, j("train_precision_curves.png"))]
-    quick_clip = dict(steps=1, grid=(2, 1, 2, "1f1b", False), bugs=CLIP_BUGS[::2])  # tp2: replicated, dp2: replicas
+    quick_clip = dict(steps=2, grid=(2, 1, 2, "1f1b", False), bugs=CLIP_BUGS[::2])  # tp2: replicated, dp2: replicas
     progress("the global gradient norm on a grid against one process, and each planted bug of its count")
     _, data = checked_run("minipar.figures.train_features:clip_runs", 4 if quick else N, "clipping", backend, device,
                           **(quick_clip if quick else {}))
