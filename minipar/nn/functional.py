@@ -33,12 +33,28 @@ def matmul(a, b):
 # --------------------------------------------------------------------------- linear
 
 
+def rows_matmul(x, w):
+    """x @ w with every leading position of x as one row of a single 2-D product:
+    (..., d_in) -> (N, d_in) @ (d_in, d_out) -> (..., d_out), N = product of the leading dims.
+
+    The same numbers as ``x @ w``, but NumPy runs a stacked (B, T, d_in) @ w as B separate
+    products, each reading all of w: a decode step at batch B (T = 1) would read the weights B
+    times and never become compute-bound (docs/inference.md, "Batch"). One (N, d_in) product
+    reads w once, as a GPU kernel does.
+    """
+    if x.ndim <= 2:
+        return matmul(x, w)
+    xp = namespace(x)
+    y = matmul(xp.reshape(x, (-1, x.shape[-1])), w)  # (N, d_out)
+    return xp.reshape(y, (*x.shape[:-1], w.shape[-1]))  # (..., d_out)
+
+
 def linear_forward(x, w, b=None):
     """y = x @ w + b, with w of shape (d_in, d_out) and x of shape (..., d_in).
 
     Saved for backward: ctx = (x, w, has_bias). x is needed for dw, w for dx.
     """
-    y = matmul(x, w)  # (..., d_out)
+    y = rows_matmul(x, w)  # (..., d_out)
     if b is not None:
         y = y + b
     return y, (x, w, b is not None)
@@ -47,7 +63,7 @@ def linear_forward(x, w, b=None):
 def linear_backward_input(dy, ctx):
     """dx = dy @ w.T: the part of the backward that the previous layer is waiting for."""
     _, w, _ = ctx
-    return matmul(dy, namespace(w).matrix_transpose(w))  # (..., d_in)
+    return rows_matmul(dy, namespace(w).matrix_transpose(w))  # (..., d_in)
 
 
 def linear_backward_weight(dy, ctx):
