@@ -327,10 +327,10 @@ def test_every_grid_drops_like_one_process_and_each_planted_bug_breaks_it():
 
 
 def test_the_notebooks_dropout_figure_checks_its_tiling(monkeypatch):
-    """Notebook 05's masks (``figures.train.dropout_tiles``): the TP shards tile one process's mask
+    """Notebook 05's masks (``figures.train_features.dropout_tiles``): the TP shards tile one process's mask
     and the shared seed's do not; a keep_mask that counts from the shard's own column 0 (the
     shared seed everywhere) fails the tiling row."""
-    from minipar.figures import train as F
+    from minipar.figures import train_features as F
     from minipar.nn import dropout
 
     rows = F.dropout_tiles(T=4, H=16, tp=4)["rows"]
