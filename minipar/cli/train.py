@@ -107,8 +107,9 @@ def add_grid_options(p):
     p.add_argument("--clip-norm-type", choices=("2", "inf"), default="2",
                    help="the clip's norm: 2, the L2 norm (default), or inf, the largest |gradient element| over every rank")
     p.add_argument("--dropout", type=float, default=0.0, metavar="P",
-                   help="drop activations with probability P in [0, 1) after attention, after the MLP and in its hidden "
-                        "layer; each mask is a function of the element's global index: the same on every grid (default 0)")
+                   help="drop activations with probability P in [0, 1) after the embedding, after attention, after the "
+                        "MLP and in its hidden layer, and the attention probabilities; each mask is a function of the "
+                        "element's global index: the same on every grid (default 0)")
 
 
 def config_from(args) -> TrainConfig:
