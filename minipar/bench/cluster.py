@@ -10,6 +10,14 @@ busbw, the uplink's use (its bytes / seconds / rate), and the two-level alpha-be
 (``costmodel.two_level_allreduce_time``) from ping-pongs inside and across nodes, with the
 inter-node beta replaced by the configured rate. MPI's own all-reduce has no message list here
 (its algorithm is MPICH's choice), so its bytes are reported, not checked.
+
+    sudo minipar cluster placement --rates 100mbit --json placement.json --hardware-file cluster.json
+
+``placements``: lesson 05's trainer placed two ways per comparison (``COMPARISONS``: TP inside
+or across the nodes, PP or TP across, DDP on one node or across the link), in interleaved
+rounds on a cluster of its own; per placement the step time, the bytes between nodes (trace and
+``accounting.comm_bytes``) and the planner's prediction from the cluster's hardware file
+(``cluster_hardware``: links measured by ping-pong, the uplink's rate).
 """
 from __future__ import annotations
 
