@@ -206,9 +206,8 @@ def placements(rate, cfg, compare=tuple(COMPARISONS), rounds: int = 2, hardware_
     with uplinks at ``rate``; ``cfg`` a TrainConfig whose grid each comparison sets. All
     placements run in ``rounds`` interleaved rounds (the machine's speed drifts); per placement
     the median step time after the first step of every round, the bytes between nodes (trace and
-    formula) and the planner's step time for the cluster's hardware file (written to
-    ``hardware_file`` if given, with the links measured on the cluster first). Returns (records,
-    the hardware file's dict)."""
+    formula) and the planner's step time (and its parts) for the cluster's hardware file (written to
+    ``hardware_file`` if given, with the links measured on the cluster first)."""
     from ..plan.hardware import hardware_from_dict, this_machine
 
     machine = this_machine("float64")
@@ -241,7 +240,7 @@ def placements(rate, cfg, compare=tuple(COMPARISONS), rounds: int = 2, hardware_
                     "inter_bytes_formula": sum(x["want_inter"] for x in first),
                     "intra_bytes_formula": sum(x["want_intra"] for x in first),
                     "predicted_s": pred.step_time_s, "predicted_parts": pred.parts, "losses": first[0]["losses"]})
-    return out, file
+    return out
 
 
 def placement_table(records) -> str:

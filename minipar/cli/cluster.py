@@ -225,9 +225,8 @@ def cmd_placement(args):
           f"{args.rounds} rounds per placement; a cluster of its own per rate")
     records = []
     for r in args.rates:
-        recs, _ = B.placements(r, cfg, args.compare, args.rounds, hardware_path(args.hardware_file, r, args.rates),
-                               progress=lambda it: progress(it, desc=f"{r} rounds", unit="round"))
-        records += recs
+        records += B.placements(r, cfg, args.compare, args.rounds, hardware_path(args.hardware_file, r, args.rates),
+                                progress=lambda it: progress(it, desc=f"{r} rounds", unit="round"))
     print(B.placement_table(records))
     if args.json:
         write_json(args.json, records)
