@@ -49,9 +49,9 @@ class Lesson:
 
 LESSONS = [
     Lesson("01", "collectives", "Collectives from send/recv: broadcast, reduce, all-gather, reduce-scatter, all-reduce",
-           "minipar.lessons.collectives:tour", ("minipar.figures.collectives",),
+           "minipar.lessons.collectives:tour", ("minipar.figures.collectives", "minipar.figures.cluster"),
            "labs/01_collectives", "notebooks/01_collectives.ipynb",
-           ("collectives_busbw.png", "collectives_ring_steps.png"),
+           ("collectives_busbw.png", "collectives_ring_steps.png", "cluster_allreduce.png", "cluster_placement.png"),
            packages=("minipar.collectives", "minipar.cluster"), run="collectives",
            grader="minipar.labs.lab01", solution="minipar.labs.lab01_solution",
            verbs=("run collectives", "bench collectives", "cluster up", "cluster status", "cluster run",
