@@ -219,7 +219,7 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None, 
     cmds = [cmd] if cmd and isinstance(cmd[0], (str, os.PathLike)) else list(cmd)
     labels = list(labels) if labels else [""] * len(cmds)
     with ending_on_signals():
-        procs, readers, lines, held = [], [], [], set()
+        procs, readers, lines, held, watcher = [], [], [], set(), None
         stopping = threading.Event()  # from then on, mpiexec's "BAD TERMINATION" banner is not echoed
         ended = threading.Event()
 
@@ -272,7 +272,7 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None, 
             raise
         finally:
             ended.set()
-            if procs:
+            if watcher is not None:
                 watcher.join(timeout=5)
             with _held_signals():  # a second Ctrl-C waits until the files are gone
                 for path in held:  # gone already where hydra ended normally, or a stopped job's proxy removed it
