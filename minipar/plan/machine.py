@@ -127,6 +127,165 @@ def ring_probe(comm, sizes=(8, 65536, 1 << 20), reps=20) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- the model's own operations
+
+
+def busy_seconds(events) -> float:
+    """Seconds covered by the union of the communication events' [start, end] (a non-blocking
+    call's interval overlaps the blocking ones around it: counted once)."""
+    spans = sorted((e.t_start, e.t_end) for e in events if e.kind not in ("compute", "buffer"))
+    total, reach = 0.0, float("-inf")
+    for a, b in spans:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def _per_rep(comm, fn, seconds, reps=None):
+    """(seconds per call of ``fn``, of which inside communication): the mean over a loop of at
+    least ``seconds`` (every rank runs the same number of calls, the group's collectives stay in
+    step), so that ranks sharing a core are timed over many of the scheduler's slices, not in
+    the one a best-of-n would catch; the slowest rank's. Communication: the traced events'."""
+    fn()  # warm-up
+    if reps is None:
+        t0 = time.perf_counter()
+        fn()
+        one = time.perf_counter() - t0
+        reps = int(comm.builtin.all_reduce(comm.asarray(np.array([min(20, max(3, seconds / max(one, 1e-9)))])),
+                                           "max")[0].item())
+    comm.barrier()
+    tracer, was = comm.tracer, comm.tracer.enabled
+    tracer.clear()
+    tracer.enabled = True
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    wall = time.perf_counter() - t0
+    tracer.enabled = was
+    talk = busy_seconds(tracer.events)
+    tracer.clear()
+    out = comm.builtin.all_reduce(comm.asarray(np.array([wall / reps, talk / reps])), "max")
+    return float(out[0]), float(out[1])
+
+
+def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) -> dict:
+    """Rank side, every rank at once (as in training, k = comm.size ranks on the cores): the
+    trainer's own layers (``train.model.build_stage``: a ``ParallelBlock``, the embedding, ln_f,
+    the vocab-parallel head and its cross-entropy) on their TP groups (``tp`` consecutive ranks),
+    for every (tp, b) of ``shapes`` (b: the micro-batch's rows), and FlatAdam on flat arrays.
+
+    Each row: seconds of one block's forward and backward, and of the ends' (embedding + position,
+    then ln_f, head and loss; their backwards) per micro-batch, the time spent inside the TP
+    collectives taken out (the planner adds those from alpha and beta). ``adam``: seconds of
+    one update of n parameters at two sizes, for a line ``a + n * per_param``."""
+    from ..mixed_precision import FlatAdam
+    from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
+    from ..train.model import GPT, GPTConfig, build_stage
+
+    gpt = GPTConfig(**{**model, "n_layers": 1})
+    dense = GPT(gpt, seed)
+    rng = np.random.default_rng([seed, comm.rank])
+    rows = []
+    for tp in sorted({t for t, _ in shapes}):
+        group = comm.split(comm.rank // tp, key=comm.rank, name=f"tp{tp}")
+        stage = build_stage(group, dense, 0, 1)
+        stage.to(comm.empty((1,), "float64"))
+        (_, blk), = stage.blocks()
+        lo = group.rank * gpt.vocab // tp
+        for b in sorted({b for t, b in shapes if t == tp}):
+            ids = comm.asarray(rng.integers(0, gpt.vocab, (b, gpt.seq_len)))
+            labels = comm.asarray(rng.integers(0, gpt.vocab, (b, gpt.seq_len)))
+            x = comm.asarray(rng.standard_normal((b, gpt.seq_len, gpt.d_model)))  # (b, T, C)
+
+            y, ctx = blk.forward(x)  # backward runs again and again on one context (each layer's
+            d, ends = None, None  # backward sets, then pops, what its backward_weight takes)
+
+            def block_f():
+                blk.forward(x)
+
+            def block_b():
+                blk.backward(y, ctx)
+
+            def ends_f():
+                nonlocal d, ends
+                h, c_e = stage.embed.forward(ids)  # (b, T, C)
+                h, c_p = stage.pos.forward(h)
+                z, c_l = stage.ln_f.forward(h)
+                logits, c_h = stage.head.forward(z)  # (b, T, V/tp)
+                _, d = vocab_parallel_cross_entropy(group, logits, labels, lo)
+                ends = (c_e, c_p, c_l, c_h)
+
+            def ends_b():
+                c_e, c_p, c_l, c_h = ends
+                dz = stage.ln_f.backward(stage.head.backward(d, c_h), c_l)
+                stage.embed.backward(stage.pos.backward(dz, c_p), c_e)
+
+            ends_f()
+            (bf, bf_c), (bb, bb_c), (ef, ef_c), (eb, eb_c) = (_per_rep(comm, f, seconds) for f in
+                                                                (block_f, block_b, ends_f, ends_b))
+            if tp == 1:  # a group of one sends nothing: its "collective" is a copy the trainer makes too
+                bf_c = bb_c = ef_c = eb_c = 0.0
+            rows.append({"ranks": comm.size, "tp": tp, "b": b, "block_f": bf - bf_c, "block_b": bb - bb_c,
+                         "ends_f": ef - ef_c, "ends_b": eb - eb_c, "block_comm": [bf_c, bb_c]})
+    adam = []
+    for n in (1024, GPT(GPTConfig(**model), seed).num_params()):
+        p, g = comm.asarray(rng.standard_normal(n)), comm.asarray(rng.standard_normal(n))
+        opt = FlatAdam(p)
+        adam.append([n, _per_rep(comm, lambda: opt.step(p, g), seconds)[0]])
+    (n0, t0), (n1, t1) = adam
+    per = max(0.0, (t1 - t0) / (n1 - n0))
+    return {"rows": rows, "adam": {"ranks": comm.size, "overhead": max(0.0, t0 - per * n0), "per_param": per}}
+
+
+def measure_ops(model: dict, shapes, seconds: float = 0.05) -> dict:
+    """``op_probe`` for every rank count of ``shapes`` ({(ranks, tp, b)}), each its own job of
+    that many ranks: the record's ``ops``."""
+    from ..launcher import launch
+
+    rows, adam = [], {}
+    for k in sorted({k for k, _, _ in shapes}):
+        got = launch(k, "minipar.plan.machine:op_probe", quiet=True, watchdog=600.0, model=model, seconds=seconds,
+                     shapes=sorted({(t, b) for n, t, b in shapes if n == k})).results[0]
+        rows += got["rows"]
+        adam[str(k)] = {"overhead": got["adam"]["overhead"], "per_param": got["adam"]["per_param"]}
+    return {"model": dict(model), "rows": rows, "adam": adam, "seconds": seconds}
+
+
+def ops_apply(ops: dict, spec) -> bool:
+    """Whether the record's ``ops`` were measured on ``spec`` (a ``models.ModelSpec``): lesson 05's
+    GPT of the same width, heads, sequence, vocabulary and MLP, any depth."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from .models import minipar_gpt
+
+    if not ops:
+        return False
+    m = ops["model"]
+    gpt = SimpleNamespace(n_layers=spec.layers, d_model=m["d_model"], n_heads=m["n_heads"], seq_len=m["seq_len"],
+                          vocab=m["vocab"], hidden=m.get("d_hidden") or 4 * m["d_model"])
+    return replace(minipar_gpt(gpt), name=spec.name) == spec
+
+
+OP_KEYS = ("block_f", "block_b", "ends_f", "ends_b")
+
+
+def op_seconds(ops: dict, ranks: int, tp: int, b: int):
+    """{block_f, block_b, ends_f, ends_b}: seconds per micro-batch of ``b`` rows on a rank of a
+    TP group of ``tp`` with ``ranks`` ranks computing: the measured row, else the straight line
+    through the two measured b nearest to it for that (ranks, tp) (time grows with the rows, plus
+    a fixed cost per operation); None when that (ranks, tp) was not measured at two sizes."""
+    have = {r["b"]: r for r in ops.get("rows", ()) if r["ranks"] == ranks and r["tp"] == tp}
+    if b in have:
+        return {k: have[b][k] for k in OP_KEYS}
+    if len(have) < 2:
+        return None
+    b0, b1 = sorted(sorted(have, key=lambda x: (abs(x - b), x))[:2])
+    w = (b - b0) / (b1 - b0)
+    return {k: max(0.0, have[b0][k] + w * (have[b1][k] - have[b0][k])) for k in OP_KEYS}
+
+
 # --------------------------------------------------------------------------- the whole measurement
 
 
@@ -142,13 +301,16 @@ def oversubscribed(cores: int, per_core=(2, 4)) -> dict:
     return out
 
 
-def measure_machine(n: int = 2, path: str | None = None) -> dict:
+def measure_machine(n: int = 2, path: str | None = None, ops=None) -> dict:
     """Measure this machine on ``n`` ranks (then 2 and 4 per core) and write the record to ``path``
-    (default :func:`measured_file`, its folder made if need be); returns it."""
+    (default :func:`measured_file`, its folder made if need be); returns it. ``ops``: (model,
+    shapes) of ``measure_ops``, the operations of the model to be planned at its local shapes."""
     from ..launcher import launch
 
     rec = launch(n, "minipar.plan.machine:measure", quiet=True).results[0]
     rec["oversubscribed"] = oversubscribed(rec["cores"])
+    if ops is not None:
+        rec["ops"] = measure_ops(*ops)
     rec["when"] = datetime.datetime.now().isoformat(timespec="seconds")
     rec["command"] = f"minipar bench machine -n {n}"
     rec["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
