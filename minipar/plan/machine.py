@@ -152,8 +152,8 @@ def _per_rep(comm, fn, seconds, reps=None):
         t0 = time.perf_counter()
         fn()
         one = time.perf_counter() - t0
-        reps = int(comm.builtin.all_reduce(comm.asarray(np.array([min(20, max(3, seconds / max(one, 1e-9)))])),
-                                           "max")[0].item())
+        want = np.array([min(20.0, max(3.0, seconds / max(one, 1e-9)))], dtype=np.float64)  # float on every rank
+        reps = int(comm.builtin.all_reduce(comm.asarray(want), "max")[0].item())
     comm.barrier()
     tracer, was = comm.tracer, comm.tracer.enabled
     tracer.clear()
@@ -243,13 +243,14 @@ def measure_ops(model: dict, shapes, seconds: float = 0.05) -> dict:
     that many ranks: the record's ``ops``."""
     from ..launcher import launch
 
-    rows, adam = [], {}
+    rows, adam, t0 = [], {}, time.perf_counter()
     for k in sorted({k for k, _, _ in shapes}):
         got = launch(k, "minipar.plan.machine:op_probe", quiet=True, watchdog=600.0, model=model, seconds=seconds,
                      shapes=sorted({(t, b) for n, t, b in shapes if n == k})).results[0]
         rows += got["rows"]
         adam[str(k)] = {"overhead": got["adam"]["overhead"], "per_param": got["adam"]["per_param"]}
-    return {"model": dict(model), "rows": rows, "adam": adam, "seconds": seconds}
+    return {"model": dict(model), "rows": rows, "adam": adam, "seconds": seconds,
+            "took_s": time.perf_counter() - t0}  # the whole probe, launches included
 
 
 def ops_apply(ops: dict, spec) -> bool:
