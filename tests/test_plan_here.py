@@ -215,13 +215,23 @@ def test_op_seconds_by_hand():
     assert op_seconds(ops, 8, 4, 4) is None and op_seconds(ops, 4, 2, 4) is None  # never measured: the FLOP model
 
 
-def test_communication_is_counted_once_where_calls_overlap():
-    from minipar.plan.machine import busy_seconds
+def test_a_ring_steps_transfer_is_its_shortest_time_on_any_rank_of_the_group():
+    """Rank 0 reached both steps first and waited (4 s, 3 s); its partner arrived last (1 s, 0.5 s):
+    the transfers are 1 + 0.5 s on both; a compute event and the collective around the steps are
+    not steps, and a step's overlapping isend and irecv are one. Summing a rank's own waits instead (4 + 3 s) would charge its partner's compute to
+    the link."""
+    from types import SimpleNamespace
+
+    from minipar.plan.machine import transfer_seconds
     from minipar.trace import Event
 
-    ev = [Event(0, "isend", "w", 0.0, 3.0, 8, 1), Event(0, "recv", "w", 1.0, 2.0, 8, 1),  # inside the isend
-          Event(0, "compute", "w", 0.0, 9.0, 0, -1), Event(0, "sendrecv", "w", 5.0, 6.5, 8, 1), Event(0, "buffer", "w", 0, 9, 8, -1)]
-    assert busy_seconds(ev) == pytest.approx(3.0 + 1.5)
+    mine = [Event(0, "collective", "all_reduce:ring", 0.0, 7.0, 8, -1), Event(0, "sendrecv", "tp", 0.0, 4.0, 8, 1),
+            Event(0, "compute", "tp", 4.0, 5.0, 0, -1), Event(0, "irecv", "tp", 5.0, 7.5, 8, 1),
+            Event(0, "isend", "tp", 5.0, 8.0, 8, 1)]  # one step: its isend and irecv overlap
+    partner = [1.0, 0.5]  # its steps' durations
+    group = SimpleNamespace(size=2, builtin=SimpleNamespace(allgather_object=lambda d: [d, partner]))
+    assert transfer_seconds(group, mine) == pytest.approx(1.5)
+    assert transfer_seconds(SimpleNamespace(size=1), mine) == 0.0  # a group of one sends nothing
 
 
 def test_the_ops_apply_to_the_same_gpt_at_any_depth_only():
@@ -300,3 +310,18 @@ def test_a_recorded_run_is_predicted_from_its_machine_record_and_the_mutants_mis
     assert lost(solo, "solo")
     doc = open(os.path.join(os.path.dirname(RECORDED), "planner_validation.md")).read()
     assert table(run) in doc
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_the_op_probe_runs_the_trainers_layers_on_k_ranks_and_takes_the_tp_collectives_out():
+    """Two ranks, a group of one and a group of two: every shape timed, positive; only the
+    group that talks has communication taken out (its ``block_comm``); FlatAdam's line too.
+    Nothing about the seconds themselves is asserted: they are this machine's, at this moment."""
+    from minipar.plan.machine import measure_ops
+
+    ops = measure_ops(OPS_MODEL, [(2, 1, 2), (2, 2, 2), (2, 2, 4)], seconds=0.001)
+    assert [(r["ranks"], r["tp"], r["b"]) for r in ops["rows"]] == [(2, 1, 2), (2, 2, 2), (2, 2, 4)]
+    assert all(r[k] > 0 for r in ops["rows"] for k in ("block_f", "block_b", "ends_f", "ends_b"))
+    assert ops["rows"][0]["block_comm"] == [0.0, 0.0] and all(c > 0 for r in ops["rows"][1:] for c in r["block_comm"])
+    assert set(ops["adam"]) == {"2"} and ops["adam"]["2"]["per_param"] > 0

@@ -130,23 +130,37 @@ def ring_probe(comm, sizes=(8, 65536, 1 << 20), reps=20) -> dict:
 # --------------------------------------------------------------------------- the model's own operations
 
 
-def busy_seconds(events) -> float:
-    """Seconds covered by the union of the communication events' [start, end] (a non-blocking
-    call's interval overlaps the blocking ones around it: counted once)."""
-    spans = sorted((e.t_start, e.t_end) for e in events if e.kind not in ("compute", "buffer"))
-    total, reach = 0.0, float("-inf")
-    for a, b in spans:
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
+P2P = ("send", "recv", "sendrecv", "isend", "irecv")  # the steps a ring collective is made of
 
 
-def _per_rep(comm, fn, seconds, reps=None):
-    """(seconds per call of ``fn``, of which inside communication): the mean over a loop of at
+def transfer_seconds(group, events) -> float:
+    """Seconds of this rank's point-to-point steps (``events``, traced) that the ring formula
+    prices: each step's shortest duration over the ``group`` (every rank of a TP group runs the
+    same steps in the same order). The last rank to reach a step waits for no one: its time is
+    the transfer. A rank that arrived earlier waited for a partner still computing, or not yet
+    run by the scheduler: that wait is part of what computing on shared cores costs, and stays
+    with the compute."""
+    mine = []  # one duration per step: a step's isend and irecv overlap, merged
+    reach = float("-inf")
+    for a, b in sorted((e.t_start, e.t_end) for e in events if e.kind in P2P):
+        if a < reach:
+            mine[-1] += max(0.0, b - reach)
+        else:
+            mine.append(b - a)
+        reach = max(reach, b)
+    if group.size == 1:
+        return 0.0
+    every = group.builtin.allgather_object(mine)
+    n = min(len(d) for d in every)
+    return float(np.sum(np.min(np.array([d[:n] for d in every]), axis=0))) if n else 0.0
+
+
+def _per_rep(comm, fn, seconds, group=None, reps=None):
+    """(seconds per call of ``fn``, of which the TP group's transfers): the mean over a loop of at
     least ``seconds`` (every rank runs the same number of calls, the group's collectives stay in
     step), so that ranks sharing a core are timed over many of the scheduler's slices, not in
-    the one a best-of-n would catch; the slowest rank's. Communication: the traced events'."""
+    the one a best-of-n would catch; the slowest rank's. Transfers: ``transfer_seconds`` of the
+    traced steps in ``group``."""
     fn()  # warm-up
     if reps is None:
         t0 = time.perf_counter()
@@ -163,7 +177,7 @@ def _per_rep(comm, fn, seconds, reps=None):
         fn()
     wall = time.perf_counter() - t0
     tracer.enabled = was
-    talk = busy_seconds(tracer.events)
+    talk = transfer_seconds(group, tracer.events) if group is not None else 0.0
     tracer.clear()
     out = comm.builtin.all_reduce(comm.asarray(np.array([wall / reps, talk / reps])), "max")
     return float(out[0]), float(out[1])
@@ -176,8 +190,9 @@ def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) ->
     for every (tp, b) of ``shapes`` (b: the micro-batch's rows), and FlatAdam on flat arrays.
 
     Each row: seconds of one block's forward and backward, and of the ends' (embedding + position,
-    then ln_f, head and loss; their backwards) per micro-batch, the time spent inside the TP
-    collectives taken out (the planner adds those from alpha and beta). ``adam``: seconds of
+    then ln_f, head and loss; their backwards) per micro-batch, the TP collectives' transfers
+    taken out (``transfer_seconds``: the planner adds those from alpha and beta); ``block_comm``:
+    those transfers, forward and backward. ``adam``: seconds of
     one update of n parameters at two sizes, for a line ``a + n * per_param``."""
     from ..mixed_precision import FlatAdam
     from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
@@ -222,10 +237,8 @@ def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) ->
                 stage.embed.backward(stage.pos.backward(dz, c_p), c_e)
 
             ends_f()
-            (bf, bf_c), (bb, bb_c), (ef, ef_c), (eb, eb_c) = (_per_rep(comm, f, seconds) for f in
+            (bf, bf_c), (bb, bb_c), (ef, ef_c), (eb, eb_c) = (_per_rep(comm, f, seconds, group) for f in
                                                                 (block_f, block_b, ends_f, ends_b))
-            if tp == 1:  # a group of one sends nothing: its "collective" is a copy the trainer makes too
-                bf_c = bb_c = ef_c = eb_c = 0.0
             rows.append({"ranks": comm.size, "tp": tp, "b": b, "block_f": bf - bf_c, "block_b": bb - bb_c,
                          "ends_f": ef - ef_c, "ends_b": eb - eb_c, "block_comm": [bf_c, bb_c]})
     adam = []
