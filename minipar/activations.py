@@ -32,15 +32,13 @@ from __future__ import annotations
 import numpy as np
 
 # the attention-score tensors of each block: what selective recomputation drops
-SCORES = {"minipar": ("attention probabilities p",),
+SCORES = {"minipar": ("attention probabilities p", "attention dropout mask"),
           "megatron": ("softmax output", "attention dropout mask", "attention dropout output")}
 
 
 def minipar_block(b, s, h, f, a, t=1, cp=1, sp=False, e=8, dropout=False, experts=False) -> dict:
     """Bytes one block of lesson 05's GPT keeps per micro-batch, by tensor, on one rank; with
-    ``dropout`` also its keep masks (bools, 1 byte an element): after the attention and after the
-    MLP (outside the TP region), and in the MLP's hidden layer (inside it; a mixture of
-    ``experts`` has none)."""
+    ``dropout`` also its keep masks (``minipar_masks``)."""
     T = s / cp  # my positions of each sequence
     Ts = T / np.where(sp, t, 1)  # ... outside the TP region
     cp_core = np.asarray(cp) > 1
@@ -55,8 +53,21 @@ def minipar_block(b, s, h, f, a, t=1, cp=1, sp=False, e=8, dropout=False, expert
         "fc1 input (ln2 output; SP: all-gathered)": e * b * T * h,
         "GeLU input, tanh": 2 * e * b * T * f / t,
         "fc2 input (GeLU output)": e * b * T * f / t,
-    } | ({"dropout masks after attention and after the MLP": 2 * b * Ts * h} if dropout else {}) \
-      | ({"hidden-layer dropout mask": b * T * f / t} if dropout and not experts else {})
+    } | (minipar_masks(b, s, h, f, a, t, cp, sp, experts) if dropout else {})
+
+
+def minipar_masks(b, s, h, f, a, t=1, cp=1, sp=False, experts=False) -> dict:
+    """Bytes of the dropout keep masks one block of lesson 05's GPT keeps (bools, 1 byte an
+    element): after the attention and after the MLP (outside the TP region), in the MLP's hidden
+    layer (inside it; a mixture of ``experts`` has none), and on the attention probabilities,
+    b a T^2 / t per layer: as many elements as p itself, which selective recomputation drops
+    with p (``SCORES``). Ring attention and Ulysses (cp > 1) keep none: their backward draws each
+    block's mask again."""
+    T = s / cp
+    Ts = T / np.where(sp, t, 1)
+    return {"dropout masks after attention and after the MLP": 2 * b * Ts * h,
+            "attention dropout mask": np.where(np.asarray(cp) > 1, 0, b * a * T * T / t)} \
+        | ({"hidden-layer dropout mask": b * T * f / t} if not experts else {})
 
 
 def megatron_block(b, s, h, f, a, t=1, cp=1, sp=False, e=2, dropout=True, q=None, kv=None, mlp="gelu", copies=1) -> dict:
@@ -104,10 +115,12 @@ def block_input(b, s, h, t=1, cp=1, sp=False, e=2):
 # --------------------------------------------------------------------------- the ends of the model
 
 
-def minipar_ends(b, s, h, vocab, t=1, cp=1, sp=False, e=8) -> tuple[dict, dict]:
-    """(first stage, last stage): bytes lesson 05's GPT keeps per micro-batch besides its blocks."""
+def minipar_ends(b, s, h, vocab, t=1, cp=1, sp=False, e=8, dropout=False) -> tuple[dict, dict]:
+    """(first stage, last stage): bytes lesson 05's GPT keeps per micro-batch besides its blocks;
+    with ``dropout`` the embedding's keep mask (1 byte an element, on my T/tp tokens under SP)."""
     T = s / cp
-    first = {"token ids (int64), for the embedding's scatter-add": 8 * b * T}
+    first = {"token ids (int64), for the embedding's scatter-add": 8 * b * T} \
+        | ({"embedding dropout mask": b * T / np.where(sp, t, 1) * h} if dropout else {})
     last = {"ln_f xhat, rstd": e * b * T / np.where(sp, t, 1) * (h + 1), "head input": e * b * T * h,
             "logits' gradient": e * b * T * vocab / t}
     return first, last

@@ -41,6 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from . import libc
 from .comm import check_backend
 from .errors import UsageError
 
@@ -191,6 +192,26 @@ def rank_env(env=None) -> dict:
     return env
 
 
+@contextlib.contextmanager
+def job_settings(variables: dict):
+    """``variables`` (name: value; None leaves a name alone) in this process's environment for the
+    duration, and so in every job launched inside (``rank_env`` copies it) and in a rank run in
+    this very process (``minipar.init`` reads them as every rank does): ``minipar --watchdog`` and
+    ``--link`` reach the ranks this way. Afterwards ``os.environ`` is as it was: a caller of
+    ``minipar.cli.main`` in-process does not keep them for its later jobs."""
+    changes = {k: str(v) for k, v in variables.items() if v is not None}
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def this_process() -> str:
     """``pid 123 on host: command line``: who started a job, in one line (a checkpoint's lock
     names its holder this way)."""
@@ -271,25 +292,13 @@ def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None):
 GRACE = 3.0  # seconds a stopped job has to end its ranks and remove its files before SIGKILL
 
 
-def _prctl():
-    """libc's ``prctl`` where there is one (Linux), else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
 def _dies_with(parent: int):
     """What mpiexec's process runs before it starts (``preexec_fn``): if ``parent``, this process,
     is killed outright (SIGKILL, the OOM killer), where no handler of ours runs and :func:`stop`
     never comes, Linux sends mpiexec SIGTERM (``PR_SET_PDEATHSIG``), and mpiexec ends its ranks
     and removes hydra's file as when stopped. Only the launch folder stays behind: only this
     process knew it. Looked up here, in the parent: the child between fork and exec does little."""
-    prctl = _prctl()
+    prctl = libc.prctl()
     if prctl is None:
         return None
 

@@ -24,9 +24,9 @@ def minipar(*args, timeout=300, cwd=None):
 
 @pytest.fixture(autouse=True)
 def _environment_restored():
-    """Each test leaves ``os.environ`` as it found it. ``minipar.cli.main`` run in-process sets
-    MINIPAR_WATCHDOG and MINIPAR_LINK for the ranks it launches; a fuzzed ``--watchdog 10^12``
-    once stayed behind and reached every later job of the session."""
+    """Each test leaves ``os.environ`` as it found it: a variable a test sets for its ranks reaches
+    every later job of the session otherwise (a fuzzed ``--watchdog 10^12`` once did, before
+    ``minipar.cli.main`` restored the environment itself: ``tests/test_cli_env.py``)."""
     saved = dict(os.environ)
     yield
     if os.environ != saved:

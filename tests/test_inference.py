@@ -74,14 +74,49 @@ def test_a_rank_holds_the_formulas_bytes_and_tp_decodes_the_same_tokens():
     from minipar import launch
     from minipar.bench.inference import gpt_config
 
-    one, two = (launch(n, "minipar.bench.inference:decode_rank", quiet=True, d=64, n_new=3, stream_bytes=0).results[0]
+    one, two = (launch(n, "minipar.bench.inference:decode_rank", quiet=True, d=64, n_new=3, probe_bytes=1 << 20).results[0]
                 for n in (1, 2))
     assert one["tokens"] == two["tokens"]
+    assert all(r[k] > 0 for r in (one, two) for k in ("probe_before", "probe_after", "probe_cpu_before", "probe_cpu_after"))
     m = minipar_gpt(gpt_config(64, 4 + 3 + 1))
     pos = m.seq * m.hidden * 8  # the position embedding: held, one row read per token
     assert one["held_bytes"] == I.weight_bytes(m, 1, 8) + pos
     assert two["held_bytes"] == I.weight_bytes(m, 2, 8) + pos
     assert two["held_bytes"] != I.weight_bytes(m, 1, 8) + pos  # a rank holding everything would fail the line above
+
+
+def test_a_rows_prediction_reads_the_bandwidth_its_own_job_probed():
+    """d = 256, TP = 2, batch 1, 4 prompt tokens, 16 new (the context 4 + 8 in the middle): the
+    probe read 8 and 12 GB/s before and after the token loop; the machine table's STREAM says 5."""
+    from minipar.bench.inference import hardware, predict_row
+
+    one = {"matmul_flops": {"float64": 1e30}, "memory_bytes": 1 << 34, "memory_bandwidth": 5e9, "cores": 2}
+    hw = hardware(one, {"alpha": 1e-5, "beta": 0.0})  # a link of latency alone: 10 us a message
+    r = {"d": 256, "tp": 2, "batch": 1, "prompt": 4, "n_new": 16, "token_s": 3e-3, "token_cpu_s": 3e-3,
+         "probe_before": 8e9, "probe_after": 12e9, "probe_cpu_before": 10e9, "probe_cpu_after": 10e9}
+    d, L, V = 256, 8, 64
+    # a rank's weights: its half of 12 d^2 + 4 d per layer (qkv, proj, fc1 and its bias, fc2) and of the
+    # V x d head, the 6 d of biases and norms per layer and the final norm's 2 d whole; 8 bytes each
+    weights = (L * (12 * d * d + 4 * d) / 2 + 6 * d * L + V * d / 2 + 2 * d) * 8  # 25 366 528
+    kv = 12 * 2 * L * (8 // 2) * (d // 8) * 8  # 12 tokens' K and V, 4 of the 8 heads of 32: 196 608
+    ring = 2 * (2 - 1) * 1e-5  # a ring all-reduce on 2 ranks: 2 (p - 1) alpha
+    comm = (2 * L + 2) * ring  # 2 per block, 2 for the greedy argmax
+
+    def hand(bandwidth):
+        return (weights + kv) / bandwidth + comm
+
+    probe = 2 / (1 / 8e9 + 1 / 12e9)  # 9.6 GB/s: the two probes' predicted times averaged
+    row = predict_row(r, hw, 5e9)
+    assert row["predicted_token_s"] == pytest.approx(hand(probe), rel=1e-9)
+    assert row["predicted_cpu_token_s"] == pytest.approx(hand(10e9), rel=1e-9)
+    assert row["read_bytes"] == weights and row["achieved_bandwidth"] == weights / 3e-3
+    # the mutant docs/inference.md describes: the machine table's STREAM instead of the job's probe
+    # (it is the row's predicted_stream_token_s); and the probe before the loop alone
+    stream = predict_row(dict(r, probe_before=5e9, probe_after=5e9), hw, 5e9)["predicted_token_s"]
+    assert stream == pytest.approx(row["predicted_stream_token_s"], rel=1e-12)
+    before = predict_row(dict(r, probe_after=8e9), hw, 5e9)["predicted_token_s"]
+    for mutant in (stream, before):
+        assert mutant != pytest.approx(hand(probe), rel=1e-3)
 
 
 def test_infer_prints_the_table_and_refuses_bad_input_in_one_line(capsys):

@@ -92,11 +92,11 @@ def test_each_planted_bug_of_the_norm_breaks_the_equality():
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_the_notebooks_clip_run_equals_one_process_and_names_each_bug():
-    """Notebook 05's clipping section (``figures.train.clip_runs``): the grid's norms are one
+    """Notebook 05's clipping section (``figures.train_features.clip_runs``): the grid's norms are one
     process's, each bug of the count gives another norm; a "bug" that leaves the norm alone
     (dropout's, without dropout) fails its "caught" row."""
     bugs = ("clip_replicated_per_tp", "clip_every_replica", "dropout_shared_in_tp")
-    out = launch(4, "minipar.figures.train:clip_runs", quiet=True, job_timeout=110, steps=1,
+    out = launch(4, "minipar.figures.train_features:clip_runs", quiet=True, job_timeout=110, steps=1,
                  grid=(2, 1, 2, "1f1b", False), bugs=bugs)
     rows = merge_rows([r["rows"] for r in out.results])
     assert len(rows) == 4, rows

@@ -78,17 +78,23 @@ def main(argv=None) -> int:
     except UsageError as err:
         parser.error(str(err))
     args = parser.parse_args(argv)
-    if args.watchdog is not None:
-        os.environ["MINIPAR_WATCHDOG"] = str(args.watchdog)
     if args.emulate_link is not None:
         from ..comm.link import LINKS
 
         if args.emulate_link not in LINKS:
             parser.error(f"--link {args.emulate_link!r}: choose one of {', '.join(LINKS)}")
-        os.environ["MINIPAR_LINK"] = args.emulate_link
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from ..launcher import job_settings
+
+    # the ranks it launches get --watchdog and --link; os.environ is as it was when main returns
+    with job_settings({"MINIPAR_WATCHDOG": args.watchdog, "MINIPAR_LINK": args.emulate_link}):
+        return _run(args)
+
+
+def _run(args) -> int:
+    """The verb, its ``UsageError`` printed as one line (exit 2)."""
     try:
         from ..comm.watchdog import timeout_from_env
 

@@ -105,8 +105,9 @@ def add_grid_options(p):
     p.add_argument("--clip", type=positive_float, metavar="NORM",
                    help="clip the gradients to this global L2 norm before Adam, every parameter counted once (default: no clipping)")
     p.add_argument("--dropout", type=float, default=0.0, metavar="P",
-                   help="drop activations with probability P in [0, 1) after attention, after the MLP and in its hidden "
-                        "layer; each mask is a function of the element's global index: the same on every grid (default 0)")
+                   help="drop activations with probability P in [0, 1) after the embedding, after attention, after the "
+                        "MLP and in its hidden layer, and the attention probabilities; each mask is a function of the "
+                        "element's global index: the same on every grid (default 0)")
 
 
 def config_from(args) -> TrainConfig:

@@ -9,7 +9,8 @@ ssh would log in (``nodes._write_script``). MPICH then puts ranks of one host on
 and ranks of different hosts on its network module. Its default network module here, UCX, finds
 that two "hosts" share one kernel and would move their bytes through shared memory anyway
 (measured: 16 kB crossed eth0 for an 8 MB all-reduce), so the job is told to use TCP on eth0 only
-(``UCX_TLS=tcp,self``, ``UCX_NET_DEVICES=eth0``), as a real two-machine job would.
+(``UCX_TLS=tcp,self``, ``UCX_NET_DEVICES=eth0``), as a real two-machine job would; and to send
+large messages in pieces of 256 kB, not 8 kB (``UCX_TCP_TX_SEG_SIZE``, ``UCX_TCP_RX_SEG_SIZE``).
 
 torch: on every node i, at once::
 
@@ -34,8 +35,11 @@ from ..errors import UsageError
 from . import nodes as N
 
 RDZV_PORT = 29500
-# MPICH's UCX network module would reach the other "node" through shared memory (same kernel)
-MPI_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": N.IFNAME}
+# MPICH's UCX network module would reach the other "node" through shared memory (same kernel);
+# and UCX's TCP moves a large message in 8 kB pieces, one pass of its progress loop each: on 2 busy
+# cores that, not the link, held a 2 x 2 ring at 0.4-0.65 of a 1 Gbit/s uplink (0.76 at 100 Mbit/s);
+# pieces of 256 kB reach 0.7-0.85 (0.93), 64-512 kB alike, 1 MB worse (docs/cluster.md)
+MPI_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": N.IFNAME, "UCX_TCP_TX_SEG_SIZE": "256k", "UCX_TCP_RX_SEG_SIZE": "256k"}
 
 
 def hosts_arg(state: dict, ranks_per_node: int | None = None, on: list[int] | None = None) -> str:

@@ -79,13 +79,28 @@ def _sh(*args, check=True):
 
 
 def _burst(bits: int) -> int:
-    """tbf's bucket, bytes: 2 ms at the rate (at least 32 KiB, more than one 64 KiB GSO packet needs)."""
+    """tbf's bucket, bytes: 2 ms at the rate, and at least 64 KiB (one GSO packet of veth's must fit).
+    tc-tbf(8)'s rule "burst >= rate / HZ" dates from jiffy timers; tbf now waits on an hrtimer, and
+    measured here (HZ = 250, one TCP stream through the 1 Gbit/s link) 1 ms, 2 ms (this rule) and
+    4 ms (= rate / HZ) of burst all gave 0.95 of the rate; 16 KiB gave 0.62 (docs/cluster.md)."""
     return max(bits // 8 // 500, 1 << 16)
 
 
 def _shape(ns: str, dev: str, bits: int):
     _sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bits}bit",
         "burst", str(_burst(bits)), "latency", "100ms")
+
+
+def set_rate(state: dict, rate: str) -> dict:
+    """Reshape every uplink of a running cluster, both ways, to ``rate`` (tc's spelling), in place
+    (``tc qdisc replace``: connections stay up); the state file records it. Returns the state."""
+    bits = parse_rate(rate)
+    for i, node in enumerate(state["nodes"]):
+        _shape(node["ns"], IFNAME, bits)
+        _shape(state["switch"], f"p{i}", bits)
+    state["inter_rate"] = bits
+    _write(state)
+    return state
 
 
 def _no_ipv6(ns: str):

@@ -31,7 +31,8 @@ comparison stays fair. ``mallopt`` is glibc's: elsewhere (macOS, musl) this does
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+
+from ..libc import glibc
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 # M_MMAP_THRESHOLD's documented ceiling on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX, mallopt(3)): blocks
@@ -40,19 +41,9 @@ MMAP_THRESHOLD = 32 * 2**20
 TRIM_THRESHOLD = 2**30  # hand the heap's top back only past 1 GiB free
 
 
-def _glibc():
-    """glibc, or None (another C library, or none found)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version  # noqa: B018  (raises AttributeError off glibc)
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds for this process; True if glibc took both."""
-    libc = _glibc()
+    libc = glibc()
     if libc is None:
         return False
     return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) & bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
@@ -73,7 +64,7 @@ def probe(nbytes: int = 8 * 2**20) -> dict:
 
     import numpy as np
 
-    libc = _glibc()
+    libc = glibc()
     if libc is None or not hasattr(libc, "mallinfo2"):
         return {}
     libc.mallinfo2.restype = _Mallinfo2

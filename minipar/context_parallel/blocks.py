@@ -17,10 +17,20 @@ denominator), so nothing larger than one block's scores is ever kept (flash atte
 
     p = exp(s - lse);  dv += p^T dout;  ds = p * (dout v^T - delta) * scale;  dq += ds k;  dk += ds^T q
 
-with delta = rowsum(dout * out), the same for every block. Shapes: (B, nh, tq, hs) queries,
-(B, nh, tk, hs) keys and values; ``allowed`` is a (tq, tk) boolean mask or None (all allowed).
-Masks come from *positions* (:func:`allowed`), so one kernel serves the causal mask, padding and
-any order the sequence was split in.
+with delta = rowsum(dout * out), the same for every block.
+
+Dropout on the probabilities (``keep``, a block's keep mask, and ``rate``): the kept terms are
+scaled and the dropped ones left out of the sum, but not of the normaliser, which is the
+softmax's own (one process drops the *normalised* probabilities):
+
+    acc = sum_j drop(exp(s_j - m)) v_j,   l = sum_j exp(s_j - m),   out = acc / l = sum_j drop(p_j) v_j
+
+and the backward takes the same mask again: dv += drop(p)^T dout, ds = p * (drop(dout v^T) -
+delta) * scale. delta is still rowsum(dout * out): sum_j p_j drop(dout v_j^T) = dout . out.
+
+Shapes: (B, nh, tq, hs) queries, (B, nh, tk, hs) keys and values; ``allowed`` is a (tq, tk)
+boolean mask or None (all allowed). Masks come from *positions* (:func:`allowed`), so one kernel
+serves the causal mask, padding and any order the sequence was split in.
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ import math
 
 import numpy as np
 
+from ..nn.functional import dropped
 from ..xp import device, namespace
 
 
@@ -59,18 +70,19 @@ def _finite(m):
     return xp.where(m == -xp.inf, xp.zeros_like(m), m)
 
 
-def block_attention(q, k, v, mask=None, scale=None):
+def block_attention(q, k, v, mask=None, scale=None, keep=None, rate=0.0):
     """One block of queries against one block of keys: the partial state (acc, m, l).
 
     acc: (B, nh, tq, hs); m, l: (B, nh, tq, 1). A query row whose keys are all masked gets
-    m = -inf, l = 0, acc = 0: it merges as "nothing seen yet".
+    m = -inf, l = 0, acc = 0: it merges as "nothing seen yet". ``keep``: the block's dropout
+    keep mask (B, nh, tq, tk) bools (None: no dropout), ``rate`` its p; l counts every term.
     """
     xp = namespace(q)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = _scores(q, k, mask, scale)  # (B, nh, tq, tk)
     m = xp.max(s, axis=-1, keepdims=True)  # (B, nh, tq, 1)
     p = xp.exp(s - _finite(m))  # (B, nh, tq, tk), unnormalised
-    return p @ v, m, xp.sum(p, axis=-1, keepdims=True)
+    return dropped(p, keep, rate) @ v, m, xp.sum(p, axis=-1, keepdims=True)
 
 
 def merge(a, b):
@@ -110,13 +122,13 @@ def row_delta(dout, out):
     return namespace(dout).sum(dout * out, axis=-1, keepdims=True)
 
 
-def block_attention_backward(q, k, v, dout, lse, delta, mask=None, scale=None):
+def block_attention_backward(q, k, v, dout, lse, delta, mask=None, scale=None, keep=None, rate=0.0):
     """(dq, dk, dv) of one block: what this query block adds to its own dq and to this key
     block's dk, dv. The probabilities are recomputed from ``lse``, so they are the final ones
-    (normalised over every key), not this block's."""
+    (normalised over every key), not this block's; ``keep``, ``rate``: the forward's dropout."""
     xp = namespace(q)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     p = xp.exp(_scores(q, k, mask, scale) - lse)  # (B, nh, tq, tk), 0 where masked
-    dv = xp.matrix_transpose(p) @ dout  # (B, nh, tk, hs)
-    ds = p * (dout @ xp.matrix_transpose(v) - delta) * scale  # (B, nh, tq, tk)
+    dv = xp.matrix_transpose(dropped(p, keep, rate)) @ dout  # (B, nh, tk, hs)
+    ds = p * (dropped(dout @ xp.matrix_transpose(v), keep, rate) - delta) * scale  # (B, nh, tq, tk)
     return ds @ k, xp.matrix_transpose(ds) @ q, dv  # dq (B, nh, tq, hs), dk, dv (B, nh, tk, hs)

@@ -38,8 +38,9 @@ METHODS = {"ring": (ring_attention_forward, ring_attention_backward),
 class ContextParallelSelfAttention(nn.CausalSelfAttention):
     """The dense layer's weights (copied, or with ``tp`` split by heads), its sequence split by
     ``layout`` over ``comm``. The core's context is kept under ctx["core"]: it holds q, k, v,
-    the output and the log-sum-exp per row, never probabilities (nothing for selective
-    recomputation to drop)."""
+    the output and the log-sum-exp per row, never probabilities nor their dropout mask (nothing
+    for selective recomputation to drop: the backward recomputes both, block by block).
+    ``drop`` (as ``nn.CausalSelfAttention``'s) goes to the core."""
 
     def __init__(self, comm, dense: nn.CausalSelfAttention, seq_len, method="ring", layout="zigzag",
                  tp=None, sequence_parallel=False):
@@ -60,7 +61,7 @@ class ContextParallelSelfAttention(nn.CausalSelfAttention):
         qkv, ctx["qkv"] = self.qkv.forward(x)  # (B, T/cp, 3C/tp): q | k | v of my heads
         c = qkv.shape[-1] // 3
         q, k, v = (self._split_heads(qkv[..., i * c:(i + 1) * c]) for i in range(3))  # (B, nh/tp, T/cp, hs)
-        y, ctx["core"] = METHODS[self.method][0](self.comm, q, k, v, self.layout, causal=True)
+        y, ctx["core"] = METHODS[self.method][0](self.comm, q, k, v, self.layout, causal=True, drop=self.drop)
         out, ctx["proj"] = self.proj.forward(self._merge_heads(y))  # (B, T/cp, C)
         return out, ctx
 

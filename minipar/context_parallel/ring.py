@@ -21,6 +21,14 @@ backward: the same all-gather of K|V, and dK|dV travel back as a reduce-scatter:
     rank j adds its own last                                    sends (cp-1) * 4 * |K_local|
 (|K_local| = B * nh * T/cp * hs elements; see ``traffic``). The dense reference beside it is
 ``minipar.nn.functional.attention_forward/backward`` on the whole sequence.
+
+Dropout on the probabilities (``drop``): a block's keep mask is drawn where the block is used
+(my queries against it, once per step), at the *global* (row, head, query, key) of its
+elements, the keys' positions those of the rank the block came from (``layout.positions(j)``),
+so the ring drops exactly one process's probabilities, normalised by the undropped sum
+(``blocks``). Nothing more is sent, and no mask is kept: the backward draws each block's mask
+again (flash attention's way, from its saved Philox state), at the same index, so it is the
+forward's.
 """
 from __future__ import annotations
 
@@ -88,18 +96,33 @@ def _pairs(layout, rank_q, rank_k, causal):
                 yield slice(qi * c, (qi + 1) * c), slice(kj * c, (kj + 1) * c), mask
 
 
-def ring_attention_forward(comm, q, k, v, layout, causal=True, attend=block_attention):
+def _keep(drop, like, q_pos, k_pos, heads=None):
+    """The dropout keep mask (B, nh, tq, tk) of queries at global positions ``q_pos`` against
+    keys at ``k_pos`` (``drop``: an ``nn.dropout.AttentionDropout``), or None without dropout."""
+    return None if drop is None else drop.keep(like, q_pos, k_pos, heads)
+
+
+def _attend(attend, q, k, v, mask, keep, drop):
+    """``attend``'s partial state of one block; its dropout's mask and rate passed only with one
+    (an instrumented kernel that knows no dropout still runs without)."""
+    return attend(q, k, v, mask) if keep is None else attend(q, k, v, mask, keep=keep, rate=drop.rate)
+
+
+def ring_attention_forward(comm, q, k, v, layout, causal=True, attend=block_attention, drop=None):
     """(out, ctx) for this rank's queries; q, k, v, out: (B, nh, T/cp, hs), rows per ``layout``.
 
     ``attend(q, k, v, mask) -> (acc, m, l)`` is the kernel of one block (``blocks.block_attention``;
     lab 06's grader passes an instrumented one, to see which block is computed when).
+    ``drop``: dropout on the probabilities (``nn.dropout.AttentionDropout``; None: none).
 
-    Saved for backward: ctx = (q, k, v, out, lse, layout, causal): 1/cp of the sequence, and
-    never a score matrix (the backward recomputes each block's scores from lse).
+    Saved for backward: ctx = (q, k, v, out, lse, layout, causal, drop): 1/cp of the sequence,
+    and never a score matrix or a dropout mask (the backward recomputes each block's scores from
+    lse, and draws its mask again).
     """
     _check(comm, q, k, v, layout)
     xp, p, r = namespace(q), comm.size, comm.rank
     n, slot = 2 * size(k), _kv_slot(r, p)  # n: elements of one K|V block
+    mine = layout.positions(r)  # the global position of each of my rows
     buf = empty((2 * n,), like=q)  # two slots: the block in use, the block arriving
     buf[:n] = _pack(k, v)
     ring = ring_steps(comm, buf, _slots(n, slot, p), TAG_KV, ("all-gather",), name="ring_attention:forward K|V")
@@ -109,21 +132,24 @@ def ring_attention_forward(comm, q, k, v, layout, causal=True, attend=block_atte
         j = (r - s) % p  # whose K/V I hold now
         kj, vj = _unpack(buf[slot(j) * n:(slot(j) + 1) * n], k.shape)  # (B, nh, T/cp, hs)
         with comm.region(f"ring_attention:forward step {s} kv{j}"):
+            keep = _keep(drop, q, mine, layout.positions(j))  # (B, nh, T/cp, T/cp): my queries, rank j's keys
             for qs, ks, mask in _pairs(layout, r, j, causal):
-                part = attend(q[..., qs, :], kj[..., ks, :], vj[..., ks, :], mask)  # one c x c block
+                part = _attend(attend, q[..., qs, :], kj[..., ks, :], vj[..., ks, :], mask,
+                               None if keep is None else keep[..., qs, ks], drop)  # one c x c block
                 states[qs.start] = merge(states[qs.start], part) if qs.start in states else part
     done = [finish(states[a]) for a in sorted(states)]  # every query chunk saw at least key 0
     out, lse = (xp.concat([d[i] for d in done], axis=-2) for i in (0, 1))  # (B, nh, T/cp, hs), (.., 1)
-    return out, (q, k, v, out, lse, layout, causal)
+    return out, (q, k, v, out, lse, layout, causal, drop)
 
 
 def ring_attention_backward(comm, dout, ctx):
     """(dq, dk, dv) for this rank's rows. K|V go around the ring once more (as in the forward);
     each rank adds its queries' part to the travelling dK|dV of every block, which end at their
     owners (the reduce-scatter of ``ring_steps``, 3 slots: my own block's, one leaving, one
-    arriving). dout of padded rows must be 0."""
-    q, k, v, out, lse, layout, causal = ctx
+    arriving). dout of padded rows must be 0. With dropout each block's mask is drawn again."""
+    q, k, v, out, lse, layout, causal, drop = ctx
     p, r = comm.size, comm.rank
+    mine, rate = layout.positions(r), 0.0 if drop is None else drop.rate
     n, slot, gslot = 2 * size(k), _kv_slot(r, p), _grad_slot(r, p)
     delta = row_delta(dout, out)  # (B, nh, T/cp, 1)
     buf = empty((2 * n,), like=q)
@@ -139,9 +165,11 @@ def ring_attention_backward(comm, dout, ctx):
         kj, vj = _unpack(buf[slot(j) * n:(slot(j) + 1) * n], k.shape)
         dkj, dvj = zeros(k.shape, like=q), zeros(k.shape, like=q)  # my queries' part of block j's grads
         with comm.region(f"ring_attention:backward step {s} kv{j}"):
+            keep = _keep(drop, q, mine, layout.positions(j))  # the forward's, drawn again
             for qs, ks, mask in _pairs(layout, r, j, causal):
                 g = block_attention_backward(q[..., qs, :], kj[..., ks, :], vj[..., ks, :], dout[..., qs, :],
-                                             lse[..., qs, :], delta[..., qs, :], mask)
+                                             lse[..., qs, :], delta[..., qs, :], mask,
+                                             keep=None if keep is None else keep[..., qs, ks], rate=rate)
                 dq[..., qs, :] += g[0]
                 dkj[..., ks, :] += g[1]
                 dvj[..., ks, :] += g[2]

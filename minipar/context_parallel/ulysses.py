@@ -16,6 +16,8 @@ about cp/2 times fewer bytes forward and cp times fewer backward, and its per-ra
 *falls* as cp grows (|K_local| = |K| / cp) while the ring's stays near 2 |K|. The price: the
 score matrix of a head is the whole T x T (for nh/cp heads), not a T/cp block, and the sequence
 rows arrive in layout order, which the position-based mask (``blocks.allowed``) takes care of.
+Dropout on the probabilities draws its mask by the same positions (and each head's global
+index: rank c holds heads c nh/cp ... of its TP rank's), so the re-layout changes nothing.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ..collectives import all_to_all
 from ..errors import UsageError
 from ..xp import namespace
 from .blocks import allowed, block_attention, block_attention_backward, finish, row_delta
+from . import ring
 from .ring import _check
 
 
@@ -49,19 +52,32 @@ def _heads_to_seq(comm, x):
     return xp.reshape(got, (G, B, p * h, T // p, hs))
 
 
+def _order(layout):
+    """The global position of each row the all-to-all delivers: every rank's, in rank order."""
+    return np.concatenate([layout.positions(j) for j in range(layout.cp)])
+
+
 def _mask(layout, causal):
     """The (T, T) mask of the whole sequence in the order the all-to-all delivers it."""
-    pos = np.concatenate([layout.positions(j) for j in range(layout.cp)])
+    pos = _order(layout)
     return allowed(pos, pos, layout.T, causal)
 
 
-def ulysses_attention_forward(comm, q, k, v, layout, causal=True, attend=block_attention):
+def _keep(comm, drop, like, layout):
+    """The dropout keep mask (B, nh/cp, T, T) of my heads (group ``comm.rank`` of the heads I
+    was given) over the whole sequence in delivery order; None without dropout."""
+    h = like.shape[1]  # nh/cp
+    return ring._keep(drop, like, _order(layout), _order(layout), slice(comm.rank * h, (comm.rank + 1) * h))
+
+
+def ulysses_attention_forward(comm, q, k, v, layout, causal=True, attend=block_attention, drop=None):
     """(out, ctx); q, k, v, out: (B, nh, T/cp, hs), this rank's rows per ``layout``; ``attend``:
-    the attention kernel (q, k, v, mask) -> (acc, m, l), as in ``ring_attention_forward``.
+    the attention kernel (q, k, v, mask) -> (acc, m, l), as in ``ring_attention_forward``;
+    ``drop``: dropout on the probabilities (``nn.dropout.AttentionDropout``; None: none).
 
     Saved for backward: ctx = (q, k, v, out, lse) of my heads over the whole sequence (as many
-    elements as my rows of every head: 1/cp), plus layout and causal. Raises UsageError unless
-    cp divides n_heads.
+    elements as my rows of every head: 1/cp), plus layout, causal and drop (no mask: the
+    backward draws it again). Raises UsageError unless cp divides n_heads.
     """
     _check(comm, q, k, v, layout)
     if q.shape[1] % comm.size:
@@ -70,17 +86,20 @@ def ulysses_attention_forward(comm, q, k, v, layout, causal=True, attend=block_a
     xp = namespace(q)
     qh, kh, vh = _seq_to_heads(comm, xp.stack([q, k, v]))  # (B, nh/cp, T, hs) each
     with comm.region("ulysses:attention forward"):
-        oh, lse = finish(attend(qh, kh, vh, _mask(layout, causal)))  # (B, nh/cp, T, hs)
+        keep = _keep(comm, drop, qh, layout)  # (B, nh/cp, T, T) or None
+        oh, lse = finish(ring._attend(attend, qh, kh, vh, _mask(layout, causal), keep, drop))  # (B, nh/cp, T, hs)
     out = _heads_to_seq(comm, oh[None])[0]  # (B, nh, T/cp, hs)
-    return out, (qh, kh, vh, oh, lse, layout, causal)
+    return out, (qh, kh, vh, oh, lse, layout, causal, drop)
 
 
 def ulysses_attention_backward(comm, dout, ctx):
     """(dq, dk, dv) of this rank's rows: dout to heads, attention backward, dq|dk|dv to rows."""
-    qh, kh, vh, oh, lse, layout, causal = ctx
+    qh, kh, vh, oh, lse, layout, causal, drop = ctx
     doh = _seq_to_heads(comm, dout[None])[0]  # (B, nh/cp, T, hs)
     with comm.region("ulysses:attention backward"):
-        grads = block_attention_backward(qh, kh, vh, doh, lse, row_delta(doh, oh), _mask(layout, causal))
+        keep, rate = _keep(comm, drop, qh, layout), 0.0 if drop is None else drop.rate  # the forward's mask again
+        grads = block_attention_backward(qh, kh, vh, doh, lse, row_delta(doh, oh), _mask(layout, causal),
+                                         keep=keep, rate=rate)
     dq, dk, dv = _heads_to_seq(comm, namespace(doh).stack(grads))  # (B, nh, T/cp, hs) each
     return dq, dk, dv
 

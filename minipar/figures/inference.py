@@ -5,8 +5,8 @@
 
 inference_latency.png   lesson 05's GPT decoding on this machine: ms per token against the width d,
                         TP = 1 and 2, measured (solid), its CPU time (dotted) and predicted (dashed); beside it the weight
-                        bytes each rank read per second, against the STREAM bandwidth its job's
-                        ranks measured reading at once (1 or 2 processes)
+                        bytes each rank read per second, against the read probe its job's ranks
+                        took at once around the token loop (the prediction's bandwidth) and STREAM
 inference_roofline.png  the decode roofline: FLOP/s against FLOPs per byte read, min(peak,
                         bandwidth x intensity); this machine's measured decode steps at batch B and
                         prefills of T tokens (by the CPU clock when recorded: on a shared machine the
@@ -34,20 +34,21 @@ def latency(rec, path):
         ds = [r["d"] for r in rs]
         line = ax.plot(ds, [r["token_s"] * 1e3 for r in rs], marker="o", label=f"TP = {tp}, measured")
         ax.plot(ds, [r["predicted_token_s"] * 1e3 for r in rs], ls="--", color=line[0].get_color(),
-                label=f"TP = {tp}, predicted (roofline + all-reduce)")
-        if all(r.get("predicted_cpu_token_s") for r in rs):  # the same, timed only while the ranks ran
-            ax.plot(ds, [r["token_cpu_s"] * 1e3 for r in rs], ls=":", marker="^", color=line[0].get_color(),
-                    label=f"TP = {tp}, CPU time per token (waits for the scheduler excluded)")
-            ax.plot(ds, [r["predicted_cpu_token_s"] * 1e3 for r in rs], ls="-.", color=line[0].get_color(),
-                    label=f"TP = {tp}, predicted from the CPU-clock STREAM")
-            bx.plot(ds, [r["read_bytes"] / r["token_cpu_s"] / 1e9 for r in rs], marker="^", ls="-.",
-                    color=line[0].get_color(), label=f"TP = {tp}: the same per CPU second")
-            bx.plot(ds, [r["stream_cpu"] / 1e9 for r in rs], ls=":", marker="+", color=line[0].get_color(),
-                    label=f"STREAM per CPU second, {tp} process{'es' if tp > 1 else ''}")
+                label=f"TP = {tp}, predicted (roofline on the job's read probe + all-reduce)")
+        ax.plot(ds, [r["token_cpu_s"] * 1e3 for r in rs], ls=":", marker="^", color=line[0].get_color(),
+                label=f"TP = {tp}, CPU time per token (waits for the scheduler excluded)")
+        ax.plot(ds, [r["predicted_cpu_token_s"] * 1e3 for r in rs], ls="-.", color=line[0].get_color(),
+                label=f"TP = {tp}, predicted from the CPU-clock read probe")
         bx.plot(ds, [r["achieved_bandwidth"] / 1e9 for r in rs], marker="o", color=line[0].get_color(),
                 label=f"TP = {tp}: weight bytes read per rank / s")
-        bx.plot(ds, [r["stream_bandwidth"] / 1e9 for r in rs], ls=":", marker="x", color=line[0].get_color(),
-                label=f"STREAM in the same job, {tp} process{'es' if tp > 1 else ''} reading (per process)")
+        bx.plot(ds, [r["probe_bandwidth"] / 1e9 for r in rs], ls="--", marker="x", color=line[0].get_color(),
+                label=f"read probe around the token loop, {tp} process{'es' if tp > 1 else ''} reading (per process)")
+        bx.plot(ds, [r["read_bytes"] / r["token_cpu_s"] / 1e9 for r in rs], marker="^", ls="-.",
+                color=line[0].get_color(), label=f"TP = {tp}: the same per CPU second")
+        bx.plot(ds, [r["probe_cpu_bandwidth"] / 1e9 for r in rs], ls="-.", marker="1", color=line[0].get_color(),
+                label=f"read probe per CPU second, {tp} process{'es' if tp > 1 else ''}")
+        bx.plot(ds, [r["stream_bandwidth"] / 1e9 for r in rs], ls=":", marker="+", color=line[0].get_color(),
+                label=f"STREAM of the machine table, {tp} process{'es' if tp > 1 else ''} (per process)")
     for a in (ax, bx):
         a.set_xscale("log", base=2)
         a.set_xlabel(f"width d ({rec['layers']} layers, float64; weights 12 L d^2 x 8 bytes)")
@@ -57,7 +58,7 @@ def latency(rec, path):
     ax.set_ylabel("ms per new token (batch 1)")
     ax.set_title("decode latency against width: cache-resident (left) to DRAM-bound (right)", fontsize=9)
     bx.set_ylabel("GB/s per rank")
-    bx.set_title("weight bytes each rank reads per second, beside STREAM", fontsize=9)
+    bx.set_title("weight bytes each rank reads per second, beside the read probe and STREAM", fontsize=9)
     loads = [x for x in (rec.get("load_average_start"), rec.get("load_average")) if x is not None]
     fig.suptitle(f"lesson 05's GPT on this machine ({rec['cores']} cores, load average "
                  f"{' at the start, '.join(f'{x:.1f}' for x in loads)}{' at the end' if len(loads) > 1 else ''})",
@@ -79,17 +80,16 @@ def roofline(rec, path):
 
     plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
-    hw, b = rec["hardware"], rec["batch"]
-    cpu = "cpu_clock" in b  # the CPU-clock view: rates and times while the rank ran, load's waits excluded
-    peak, bw = (b["cpu_clock"]["peak_flops"], b["cpu_clock"]["bandwidth"]) if cpu else (hw["peak_flops"],
-                                                                                      hw["bandwidth_per_rank"]["1"])
-    clock = "CPU clock" if cpu else "wall clock"
+    b = rec["batch"]
+    # the CPU-clock view: rates and times while the rank ran, load's waits excluded; the bandwidth is the job's read probe
+    peak, bw = b["cpu_clock"]["peak_flops"], b["cpu_clock"]["bandwidth"]
+    clock = "CPU clock"
     _roof(ax, peak, bw, f"this machine, 1 rank ({clock}): {peak / 1e9:.1f} GFLOP/s, {bw / 1e9:.1f} GB/s", "k")
     from ..bench.inference import gpt_config
     from ..plan.models import minipar_gpt
 
     m = minipar_gpt(gpt_config(b["d"], 64))
-    steps, pres = (b["step_cpu_s"], b["prefill_cpu_s"]) if cpu else (b["step_s"], b["prefill_s"])
+    steps, pres = b["step_cpu_s"], b["prefill_cpu_s"]
     for kind, runs, marker in (("decode, batch B", steps, "o"), ("prefill, T tokens", pres, "s")):
         pts = []
         for k, s in sorted(runs.items(), key=lambda kv: int(kv[0])):

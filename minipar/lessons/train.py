@@ -383,11 +383,9 @@ def check_zero(comm, configs, steps=2, mutant=None):
     dp bytes    sent over dp x cp in one traced step = ``accounting.comm_bytes`` (RS + AG per
                 unit; resharding: an AG per action), and the all-gathers counted per step
     """
-    from ..train import accounting as acc
     from ..train.mutants import planted
     from ..train.trainer import Trainer, train
 
-    keys = ("params_bytes", "grads_bytes", "optimizer_bytes")
     rows = []
     for i, kw in enumerate(configs):
         base = make_config(**dict(kw, steps=steps))
@@ -408,28 +406,43 @@ def check_zero(comm, configs, steps=2, mutant=None):
                     if zero:
                         rows.append(row(f"{what}: losses = ZeRO-0's", rel_error(np.array(losses),
                                                                                 np.array(runs[0, False][0])), TOL))
-                    for e in tr.engines:
-                        got, want = e.measured_memory(), e.predicted_memory()
-                        rows.append(row(f"{what}: {type(e).__name__} params, grads, optimizer bytes = zero_bytes",
-                                        max(abs(got[k] - want[k]) for k in keys), 0))
+                    rows += ledger_rows(what, tr)
                     fresh = Trainer(sub, cfg.with_(steps=1))
                     sub.tracer.clear()
                     sub.tracer.enabled = True
                     fresh.step(0)
                     sub.tracer.enabled = False
-                    me = sub.world_rank(sub.rank)
-                    gathers = sum(1 for ev in sub.tracer.events
-                                  if ev.rank == me and ev.kind == "collective" and ev.name == "all_gather:ring")
-                    units, stages = dp_units(fresh)
-                    dp = acc.measured_comm(sub.tracer.events, me)["dp"]
-                    stepped = not fresh.skipped  # fp16: a step skipped on an overflow updates nothing
-                    want = acc.comm_bytes(cfg, fresh.grid.coords, units, stages, stepped)["dp"]
-                    rows.append(dict(row(f"{what}: dp bytes per step = formula", abs(dp - want), 0),
-                                     dp_bytes=dp, gathers=gathers, memory=tr.memory()))  # (for docs/train.md's table)
-                    if zero == 3:
-                        want = sum(acc.unit_gathers(cfg, fresh.grid.coords, int(u.split(".")[0][1:]))
-                                   for e in fresh.engines for u in e.flats)  # the experts' too (no bytes: a group of one)
-                        rows.append(row(f"{what}: all-gathers per step = formula", abs(gathers - want), 0))
+                    rows += dp_traffic_rows(sub, cfg, fresh, not fresh.skipped, memory=tr.memory())
                     sub.tracer.clear()
         wait_politely(comm)
+    return rows
+
+
+def ledger_rows(what, tr):
+    """Each of ``tr``'s engines: its peak params / grads / optimizer bytes = ``zero_bytes`` of its
+    stage (the padding, the full gradients open until the flush, ZeRO-3's gathered weights)."""
+    keys = ("params_bytes", "grads_bytes", "optimizer_bytes")
+    return [row(f"{what}: {type(e).__name__} params, grads, optimizer bytes = zero_bytes",
+                max(abs(e.measured_memory()[k] - e.predicted_memory()[k]) for k in keys), 0) for e in tr.engines]
+
+
+def dp_traffic_rows(sub, cfg, tr, stepped=True, **extra):
+    """The step of ``tr`` traced in ``sub.tracer``: the bytes this rank sent over dp x cp =
+    ``accounting.comm_bytes`` (``stepped``: the step updated; fp16 skips one on an overflow) and,
+    with ZeRO-3, its all-gathers = ``accounting.unit_gathers``. The first row carries dp_bytes,
+    gathers and ``extra`` (docs/train.md's table)."""
+    from ..train import accounting as acc
+
+    me = sub.world_rank(sub.rank)
+    gathers = sum(1 for ev in sub.tracer.events
+                  if ev.rank == me and ev.kind == "collective" and ev.name == "all_gather:ring")
+    units, stages = dp_units(tr)
+    dp = acc.measured_comm(sub.tracer.events, me)["dp"]
+    want = acc.comm_bytes(cfg, tr.grid.coords, units, stages, stepped)["dp"]
+    what = label(cfg)
+    rows = [dict(row(f"{what}: dp bytes per step = formula", abs(dp - want), 0), dp_bytes=dp, gathers=gathers, **extra)]
+    if cfg.zero == 3:
+        want = sum(acc.unit_gathers(cfg, tr.grid.coords, int(u.split(".")[0][1:]))
+                   for e in tr.engines for u in e.flats)  # the experts' too (no bytes: a group of one)
+        rows.append(row(f"{what}: all-gathers per step = formula", abs(gathers - want), 0))
     return rows

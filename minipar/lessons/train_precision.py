@@ -23,32 +23,52 @@ def check_precision(comm, configs, steps=4, mutant=None):
     tied copies: ``train.grid_rows``) and with one float64 process (losses); with fp16, every
     rank's skipped steps and loss scales against one process's."""
     from ..train.mutants import planted
-    from ..train.trainer import train, train_reference
+    from ..train.trainer import train
 
     rows = []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=steps))
-        record, norms, skipped = [], [], []
-        ref_losses, ref_params = train_reference(cfg, record=record, norms=norms, skipped=skipped)
-        smallest = min(float(np.max(np.abs(a.astype(np.float64)))) for a in ref_params.values())
-        same, f64, ptol = tolerances(cfg, steps - len(skipped), smallest)
-        ref64 = train_reference(cfg.with_(precision="fp64"))[0] if not skipped else None
+        ref = reference(cfg)
         sub = first_ranks(comm, ranks_of(cfg), f"cfg{i}")
         if sub is not None:
             with planted(mutant):
                 tr, losses, _ = train(sub, cfg)
-            rows += grid_rows(sub, cfg, tr, losses, ref_losses, ref_params, tol=same, param_tol=ptol,
-                              ref_experts=record, ref_norms=norms)
-            what = label(cfg)
-            if not skipped:  # (float64 takes every step)
-                rows.append(row(f"{what}: losses of {len(losses)} steps vs one float64 process",
-                                rel_error(np.array(losses), np.array(ref64)), f64))
-            if tr.scaler is not None:
-                everyone = sub.builtin.allgather_object((tr.skipped, tr.scales))
-                agree = all(e == everyone[0] for e in everyone) and tr.skipped == skipped
-                rows.append(row(f"{what}: every rank skipped the steps one process skipped ({skipped or 'none'}), "
-                                f"with the same loss scales", 0.0 if agree else 1.0, 0.0))
+            rows += compared_rows(sub, cfg, tr, losses, ref)
         wait_politely(comm)
+    return rows
+
+
+def reference(cfg) -> dict:
+    """One process trained as ``cfg`` says, at its precision: {"losses", "params", "record" (tokens
+    per expert), "norms" (with clip), "skipped" (fp16's skipped steps), "f64" (the losses of one
+    float64 process; None in float64, and when a step was skipped, as float64 takes every step)}."""
+    from ..train.trainer import train_reference
+
+    record, norms, skipped = [], [], []
+    losses, params = train_reference(cfg, record=record, norms=norms, skipped=skipped)
+    f64 = train_reference(cfg.with_(precision="fp64"))[0] if not skipped and cfg.precision != "fp64" else None
+    return dict(losses=losses, params=params, record=record, norms=norms, skipped=skipped, f64=f64)
+
+
+def compared_rows(sub, cfg, tr, losses, ref):
+    """The rows of one trained configuration against :func:`reference`'s one process: ``train.grid_rows``
+    at the tolerances of ``cfg.precision`` (``minipar.train.precision.tolerances``), the losses
+    against one float64 process (when no step was skipped), and with fp16 every rank's skipped steps
+    and loss scales against one process's."""
+    skipped = ref["skipped"]
+    smallest = min(float(np.max(np.abs(a.astype(np.float64)))) for a in ref["params"].values())
+    same, f64, ptol = tolerances(cfg, cfg.steps - len(skipped), smallest)
+    rows = grid_rows(sub, cfg, tr, losses, ref["losses"], ref["params"], tol=same, param_tol=ptol,
+                     ref_experts=ref["record"], ref_norms=ref["norms"])
+    what = label(cfg)
+    if ref["f64"] is not None:
+        rows.append(row(f"{what}: losses of {len(losses)} steps vs one float64 process",
+                        rel_error(np.array(losses), np.array(ref["f64"])), f64))
+    if tr.scaler is not None:
+        everyone = sub.builtin.allgather_object((tr.skipped, tr.scales))
+        agree = all(e == everyone[0] for e in everyone) and tr.skipped == skipped
+        rows.append(row(f"{what}: every rank skipped the steps one process skipped ({skipped or 'none'}), "
+                        f"with the same loss scales", 0.0 if agree else 1.0, 0.0))
     return rows
 
 

@@ -33,12 +33,28 @@ def matmul(a, b):
 # --------------------------------------------------------------------------- linear
 
 
+def rows_matmul(x, w):
+    """x @ w with every leading position of x as one row of a single 2-D product:
+    (..., d_in) -> (N, d_in) @ (d_in, d_out) -> (..., d_out), N = product of the leading dims.
+
+    The same numbers as ``x @ w``, but NumPy runs a stacked (B, T, d_in) @ w as B separate
+    products, each reading all of w: a decode step at batch B (T = 1) would read the weights B
+    times and never become compute-bound (docs/inference.md, "Batch"). One (N, d_in) product
+    reads w once, as a GPU kernel does.
+    """
+    if x.ndim <= 2:
+        return matmul(x, w)
+    xp = namespace(x)
+    y = matmul(xp.reshape(x, (-1, x.shape[-1])), w)  # (N, d_out)
+    return xp.reshape(y, (*x.shape[:-1], w.shape[-1]))  # (..., d_out)
+
+
 def linear_forward(x, w, b=None):
     """y = x @ w + b, with w of shape (d_in, d_out) and x of shape (..., d_in).
 
     Saved for backward: ctx = (x, w, has_bias). x is needed for dw, w for dx.
     """
-    y = matmul(x, w)  # (..., d_out)
+    y = rows_matmul(x, w)  # (..., d_out)
     if b is not None:
         y = y + b
     return y, (x, w, b is not None)
@@ -47,7 +63,7 @@ def linear_forward(x, w, b=None):
 def linear_backward_input(dy, ctx):
     """dx = dy @ w.T: the part of the backward that the previous layer is waiting for."""
     _, w, _ = ctx
-    return matmul(dy, namespace(w).matrix_transpose(w))  # (..., d_in)
+    return rows_matmul(dy, namespace(w).matrix_transpose(w))  # (..., d_in)
 
 
 def linear_backward_weight(dy, ctx):
@@ -176,39 +192,56 @@ def attention_probs(q, k, scale, causal=True):
     return p
 
 
-def attention_forward(q, k, v, causal=True):
+def dropped(x, keep, rate):
+    """Dropout with its keep mask: x * keep / (1 - rate), what is kept scaled so that the
+    expectation is x (``keep``: bools of x's shape, or None: x itself)."""
+    return x if keep is None else x * keep * (1.0 / (1.0 - rate))
+
+
+def attention_forward(q, k, v, causal=True, keep=None, rate=0.0):
     """Scaled dot-product attention: softmax(q k^T / sqrt(hs), masked if causal) @ v.
 
     q, k, v: (B, nh, T, hs). With ``causal`` position i attends only to positions j <= i
     (q may be the last Tq <= T positions only: see :func:`attention_probs`).
-    Saved for backward: ctx = (q, k, v, p, scale), p the (B, nh, T, T) attention probabilities.
-    That T x T matrix per head is what flash attention avoids keeping, and what selective
-    recomputation drops (:func:`drop_probs`): the backward then recomputes it from q and k.
+    Dropout on the probabilities (GPT-2's attn_pdrop): ``keep``, the (B, nh, Tq, Tk) keep mask
+    (bools), ``rate`` its p: out = dropped(p) @ v, p normalised before the drop.
+    Saved for backward: ctx = (q, k, v, p, scale, keep, rate), p the (B, nh, T, T) attention
+    probabilities (and keep, one byte an element). That T x T matrix per head is what flash
+    attention avoids keeping, and what selective recomputation drops (:func:`drop_probs`): the
+    backward then recomputes it from q and k, and draws the mask again (``replay``).
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     p = attention_probs(q, k, scale, causal)  # (B, nh, T, T)
-    return matmul(p, v), (q, k, v, p, scale)  # (B, nh, T, hs)
+    return matmul(dropped(p, keep, rate), v), (q, k, v, p, scale, keep, rate)  # (B, nh, T, hs)
 
 
 def drop_probs(ctx):
-    """The attention ctx without p (selective recomputation keeps q, k, v: 3 (B, T, C) instead
-    of the (B, nh, T, T) probabilities). Only causal attention's ctx may be stripped."""
-    q, k, v, _, scale = ctx
-    return (q, k, v, None, scale)
+    """The attention ctx without p and its dropout mask (selective recomputation keeps q, k, v:
+    3 (B, T, C) instead of the (B, nh, T, T) probabilities). Only causal attention's ctx may be
+    stripped."""
+    q, k, v, _, scale, _, rate = ctx
+    return (q, k, v, None, scale, None, rate)
 
 
-def attention_backward(dout, ctx):
+def attention_backward(dout, ctx, replay=None):
     """(dq, dk, dv). Masked entries need no special care: p is 0 there, so their gradient is 0.
 
     If the forward's p was dropped (selective recomputation), it is recomputed here first:
-    one more q k^T and softmax per backward, no communication.
+    one more q k^T and softmax per backward, no communication; with dropout, ``replay()`` draws
+    its keep mask again (it must be the forward's: a function of the element's index).
+    With d = dropped(p): dv = d^T dout, and the gradient of p is dropped(dout v^T), the same
+    mask and scale, which then goes through the softmax's backward.
     """
-    q, k, v, p, scale = ctx
+    q, k, v, p, scale, keep, rate = ctx
     xp = namespace(dout)
     if p is None:
         p = attention_probs(q, k, scale, causal=True)  # (B, nh, T, T) recomputed
-    dv = matmul(xp.matrix_transpose(p), dout)  # (B, nh, T, hs)
-    dp = matmul(dout, xp.matrix_transpose(v))  # (B, nh, T, T)
+        if rate:
+            if replay is None:
+                raise ValueError("the attention's dropout mask was dropped with p: pass replay, which draws it again")
+            keep = replay()  # (B, nh, T, T) bools, the forward's
+    dv = matmul(xp.matrix_transpose(dropped(p, keep, rate)), dout)  # (B, nh, T, hs)
+    dp = dropped(matmul(dout, xp.matrix_transpose(v)), keep, rate)  # (B, nh, T, T)
     datt = softmax_backward(dp, (p, -1)) * scale  # (B, nh, T, T); (p, -1) is the softmax's ctx
     dq = matmul(datt, k)  # (B, nh, T, hs)
     dk = matmul(xp.matrix_transpose(datt), q)  # (B, nh, T, hs)

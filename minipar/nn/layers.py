@@ -216,10 +216,10 @@ class Dropout(Module):
         if self.draw is None or self.draw.p == 0:
             return x, None
         mask = self.mask(x)
-        return x * mask * (1.0 / (1.0 - self.draw.p)), mask
+        return F.dropped(x, mask, self.draw.p), mask
 
     def backward_input(self, dy, mask):
-        return dy if mask is None else dy * mask * (1.0 / (1.0 - self.draw.p))
+        return dy if mask is None else F.dropped(dy, mask, self.draw.p)
 
 
 # --------------------------------------------------------------------------- composites
@@ -266,7 +266,13 @@ class MLP(Sequential):
 class CausalSelfAttention(Module):
     """qkv = Linear(C, 3C) -> split into q | k | v (in that order along the last axis) and into
     heads -> causal attention per head -> merge heads -> proj = Linear(C, C). x: (B, T, C).
+
+    ``drop``: dropout on the attention probabilities (``minipar.nn.dropout.AttentionDropout``,
+    given by the caller; None: none). The keep mask of my heads is kept in the ctx beside p,
+    and drawn again in the backward when selective recomputation dropped both.
     """
+
+    drop = None
 
     def __init__(self, d_model, n_heads, rng):
         super().__init__()
@@ -291,14 +297,27 @@ class CausalSelfAttention(Module):
         ctx = {}
         qkv, ctx["qkv"] = self.qkv.forward(x)  # (B, T, 3C)
         q, k, v = (self._split_heads(qkv[..., i * C:(i + 1) * C]) for i in range(3))  # (B, nh, T, hs)
-        y, ctx["att"] = F.attention_forward(q, k, v, causal=True)  # (B, nh, T, hs)
+        y, ctx["att"] = self._core(q, k, v)  # (B, nh, T, hs)
         out, ctx["proj"] = self.proj.forward(self._merge_heads(y))  # (B, T, C)
         return out, ctx
 
+    def _keep(self, like):
+        """The keep mask of my heads' probabilities, every position against every key:
+        (B, nh, T, T) bools, or None without dropout."""
+        if self.drop is None:
+            return None
+        pos = np.arange(like.shape[-2])
+        return self.drop.keep(like, pos, pos)
+
+    def _core(self, q, k, v):
+        """Causal attention of my heads, the probabilities dropped when there is a ``drop``."""
+        keep = self._keep(q)  # (B, nh, T, T) or None
+        return F.attention_forward(q, k, v, causal=True, keep=keep, rate=0.0 if keep is None else self.drop.rate)
+
     def backward_input(self, dout, ctx):
         xp = namespace(dout)
-        dy = self._backward_child("proj", dout, ctx)  # (B, T, C)
-        dq, dk, dv = F.attention_backward(self._split_heads(dy), ctx["att"])  # (B, nh, T, hs)
+        dy = self._split_heads(self._backward_child("proj", dout, ctx))  # (B, nh, T, hs)
+        dq, dk, dv = F.attention_backward(dy, ctx["att"], replay=lambda: self._keep(dy))  # (B, nh, T, hs)
         dqkv = xp.concat([self._merge_heads(d) for d in (dq, dk, dv)], axis=-1)  # (B, T, 3C)
         return self._backward_child("qkv", dqkv, ctx)  # (B, T, C)
 

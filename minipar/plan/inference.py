@@ -37,9 +37,10 @@ buy is memory: the weights per GPU fall to 1/(t p), and the KV cache, which grow
 context, gets the rest (``max_batch``): a larger batch at the same latency, the throughput gain
 beside TP's latency gain.
 
-The same functions predict this machine (``preset("this-machine")``, a rank's share of the
-measured DRAM bandwidth passed as ``bandwidth``): ``minipar.bench.inference`` measures lesson
-05's generation against them. Units: bytes, seconds, FLOP/s.
+The same functions predict this machine (``preset("this-machine")``, with ``bandwidth`` the rate
+a rank reads at, measured): ``minipar.bench.inference`` measures lesson 05's generation against
+them, passing the read probe each job takes around its token loop (a vector times a matrix far
+past the cache, the product a decode step runs). Units: bytes, seconds, FLOP/s.
 """
 from __future__ import annotations
 

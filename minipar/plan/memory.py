@@ -71,7 +71,7 @@ def layer_activations(prob: Problem, b, tp, cp, sp):
     """(all, scores) bytes of one block's activations for one micro-batch, no recomputation:
     ``all`` is what the forward leaves for the backward, ``scores`` its as^2 b part (per rank)."""
     tensors = block_tensors(prob, b, tp, cp, sp)
-    return sum(tensors.values()), sum(tensors[k] for k in SCORES[prob.model.saves])
+    return sum(tensors.values()), sum(tensors.get(k, 0) for k in SCORES[prob.model.saves])  # no mask without dropout
 
 
 def stored_activations(prob: Problem, b, tp, cp, sp, recompute):

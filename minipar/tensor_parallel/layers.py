@@ -171,7 +171,7 @@ class ParallelSelfAttention(nn.CausalSelfAttention):
         qkv, ctx["qkv"] = self.qkv.forward(x)  # (B, T, 3C/p): q | k | v of my heads
         c = qkv.shape[-1] // 3  # C/p
         q, k, v = (self._split_heads(qkv[..., i * c:(i + 1) * c]) for i in range(3))  # (B, nh/p, T, hs)
-        y, ctx["att"] = F.attention_forward(q, k, v, causal=True)  # (B, nh/p, T, hs)
+        y, ctx["att"] = self._core(q, k, v)  # (B, nh/p, T, hs); dropout: at my heads' global index
         out, ctx["proj"] = self.proj.forward(self._merge_heads(y))  # (B, T, C) after the all-reduce
         return out, ctx
 

@@ -68,7 +68,7 @@ def stage_bytes(cfg, stage: int, n_stages: int):
     layers = cfg.model.n_layers // n_stages
     A = layers * sum(layer_saved(cfg).values())
     G = layers * sum(layer_grads(cfg).values())
-    first, last = minipar_ends(b, cfg.model.seq_len, C, V, t, cfg.cp, cfg.sequence_parallel, e)
+    first, last = minipar_ends(b, cfg.model.seq_len, C, V, t, cfg.cp, cfg.sequence_parallel, e, dropout=bool(cfg.dropout))
     if stage == 0:
         A += sum(first.values())
         G += e * b * Ts * C  # the embedding's output grad

@@ -10,8 +10,8 @@
 
 Pre-LN GPT-2 layout, every backward written by hand:
 
-    ids (B, T) -> embed: wte[ids] -> pos: + wpe[:T] -> h.0 ... h.{L-1} (Blocks) -> ln_f -> head: x @ wte.T
-               -> logits (B, T, V) -> cross-entropy with the next tokens
+    ids (B, T) -> embed: wte[ids] -> pos: + wpe[:T] -> emb_drop -> h.0 ... h.{L-1} (Blocks) -> ln_f
+               -> head: x @ wte.T -> logits (B, T, V) -> cross-entropy with the next tokens
 
 A stage is the same module holding a slice of it: stage 0 also the embeddings, the last stage
 also ln_f and the head. The dense GPT *is* the one stage of a one-stage pipeline built from
@@ -36,6 +36,7 @@ from .. import nn
 from ..context_parallel import ContextParallelPositionEmbedding, ContextParallelSelfAttention, SeqLayout
 from ..experts import ExpertParallelMoE, MoE
 from ..nn import recompute as rc
+from ..nn.dropout import AttentionDropout
 from ..tensor_parallel import ParallelBlock, SequenceParallelLayerNorm
 from ..tensor_parallel.vocab import (SequenceParallelPositionEmbedding, VocabParallelEmbedding,
                                      VocabParallelHead)
@@ -107,6 +108,7 @@ class GPTStage(nn.Module):
             raise ValueError(f"recompute={recompute!r}: choose one of {rc.MODES}")
         if embed is not None:
             self.embed, self.pos = embed, pos
+            self.emb_drop = nn.Dropout(site="embed")  # GPT-2's embd_pdrop: the identity unless given a draw
         self.h = Layers(blocks)
         if head is not None:
             self.ln_f, self.head = ln_f, head
@@ -121,6 +123,7 @@ class GPTStage(nn.Module):
         if self.first:
             x, ctx["embed"] = self.embed.forward(x)  # (B, T, C): wte[ids]
             x, ctx["pos"] = self.pos.forward(x)  # + wpe
+            x, ctx["emb_drop"] = self.emb_drop.forward(x)  # (B, T, C)
         for name, blk in self.blocks():
             x, ctx[name] = rc.forward(blk, x, self.recompute)  # (B, T, C)
         if self.last:
@@ -139,6 +142,7 @@ class GPTStage(nn.Module):
             saved[name] = dy
             dy = rc.backward_input(blk, dy, ctx[name], self.recompute)
         if self.first:
+            dy = self.emb_drop.backward_input(dy, ctx["emb_drop"])
             saved["pos"] = dy
             dy = saved["embed"] = self.pos.backward_input(dy, ctx["pos"])
             dy = self.embed.backward_input(dy, ctx["embed"])  # None: ids have no gradient
@@ -157,6 +161,7 @@ class GPTStage(nn.Module):
         for name, blk in reversed(self.blocks()):
             dy = rc.backward(blk, dy, ctx.pop(name), self.recompute)  # (B, T, C)
         if self.first:
+            dy = self.emb_drop.backward_input(dy, ctx.pop("emb_drop"))
             dy = self.pos.backward(dy, ctx.pop("pos"))
             dy = self.embed.backward(dy, ctx.pop("embed"))  # None: ids have no gradient
         return self._round(dy)
@@ -234,20 +239,27 @@ def cp_position_embedding(dense_pos, positions, tp):
 
 
 def place_dropout(stage: GPTStage, draw, seq_len: int, positions=None, tp=None, sequence_parallel=False):
-    """Give every dropout site of ``stage``'s blocks the shared ``draw`` (``minipar.nn.dropout``)
-    and the global indices of what it holds: the positions ``positions`` (a cp rank's zigzag
-    chunks; None: all T) and, where the tensor is split over ``tp``, which part. The residual
-    sites after the attention and after the MLP hold every column of my positions (only my TP
-    rank's T/tp share of them with sequence parallelism); the MLP's hidden layer, inside the TP
-    region, holds my positions and my TP rank's H/tp columns. A mixture of experts has no hidden
-    site (its tokens are dispatched by the router, not held by global index). The dense GPT is
-    one rank holding everything: ``place_dropout(gpt, draw, T)``."""
+    """Give every dropout site of ``stage`` the shared ``draw`` (``minipar.nn.dropout``) and the
+    global indices of what it holds: the positions ``positions`` (a cp rank's zigzag chunks;
+    None: all T) and, where the tensor is split over ``tp``, which part. The embedding's output
+    (first stage) and the residual sites after the attention and after the MLP hold every column
+    of my positions (only my TP rank's T/tp share of them with sequence parallelism); the MLP's
+    hidden layer, inside the TP region, holds my positions and my TP rank's H/tp columns; the
+    attention probabilities, inside it too, my TP rank's heads (the core says which queries and
+    keys). A mixture of experts has no hidden site (its tokens are dispatched by the router, not
+    held by global index). The dense GPT is one rank holding everything:
+    ``place_dropout(gpt, draw, T)``."""
     pos = np.arange(seq_len) if positions is None else np.asarray(positions)
     t, p = (tp.rank, tp.size) if tp is not None else (0, 1)
     n = len(pos) // p
     residual = pos[t * n:(t + 1) * n] if sequence_parallel else pos  # my T/tp tokens under SP
+    if stage.first:
+        C = stage.pos.params["wpe"].shape[1]
+        stage.emb_drop = nn.Dropout(draw, 0, "embed", (seq_len, C), residual)  # (b, T or T/tp, C)
     for name, blk in stage.blocks():
         i, C = int(name), blk.ln1.params["gamma"].shape[0]
+        h = blk.attn.n_heads  # nh/tp
+        blk.attn.drop = AttentionDropout(draw, i, np.arange(t * h, (t + 1) * h), seq_len)
         blk.attn_drop = nn.Dropout(draw, i, "attn", (seq_len, C), residual)
         blk.mlp_drop = nn.Dropout(draw, i, "mlp", (seq_len, C), residual)
         if isinstance(blk.mlp, nn.MLP):

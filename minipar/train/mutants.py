@@ -47,7 +47,16 @@ Dropout (``dropout``), whose masks must be one process's on every grid:
                            local indices: the masks change with the grid (losses)
     dropout_replay_redraws the forward that full recomputation runs inside B draws at the
                            micro-batch the generator is at now (the last F's), not its own F's:
-                           torch.utils.checkpoint's preserve_rng_state guards this (losses)
+                           torch.utils.checkpoint's preserve_rng_state guards this; the same
+                           for what selective recomputation and ring attention's backward draw
+                           again, the attention probabilities' masks (losses)
+    dropout_probs_local_head  the attention probabilities' mask drawn at the head's index on its
+                           TP rank (0 ... nh/tp - 1 on every rank): the shared seed's bug inside
+                           the attention (losses)
+    dropout_probs_local_key   ... drawn at the key's index in the block at hand (ring attention:
+                           0 ... c-1 in every chunk; Ulysses: the all-to-all's order) (losses)
+    dropout_embed_per_rank the embedding's dropout drawn by a generator seeded with the world
+                           rank at the rank's local indices (losses)
 
 Mixed precision (``precision`` fp16), whose overflow must make every rank skip the step:
 
@@ -83,7 +92,8 @@ MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_a
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
            "experts_everywhere", "recompute_counted", "clip_replicated_per_tp", "clip_tied_twice",
            "clip_every_replica", "clip_skipped_on_one_rank", "dropout_shared_in_tp", "dropout_per_rank_seed",
-           "dropout_replay_redraws", "overflow_seen_locally", "main_grad_16_bit", "zero_reduce_per_microbatch",
+           "dropout_replay_redraws", "dropout_probs_local_head", "dropout_probs_local_key",
+           "dropout_embed_per_rank", "overflow_seen_locally", "main_grad_16_bit", "zero_reduce_per_microbatch",
            "zero3_context_keeps_weights")
 
 
@@ -175,6 +185,20 @@ def planted(name):
         patch(layers.Dropout, "mask", mask)
     elif name == "dropout_per_rank_seed":
         patch(layers.Dropout, "mask", per_rank_mask)
+    elif name in ("dropout_probs_local_head", "dropout_probs_local_key"):
+        from ..nn.dropout import AttentionDropout
+
+        if name == "dropout_probs_local_head":
+            patch(AttentionDropout, "global_heads",
+                  lambda self, heads=None: np.arange(len(self.heads))[slice(None) if heads is None else heads])
+        else:
+            keep = AttentionDropout.keep
+            patch(AttentionDropout, "keep",
+                  lambda self, like, q_pos, k_pos, heads=None: keep(self, like, q_pos, np.arange(len(k_pos)), heads))
+    elif name == "dropout_embed_per_rank":
+        mask = layers.Dropout.mask
+        patch(layers.Dropout, "mask", lambda self, like: per_rank_mask(self, like) if self.site == "embed"
+              else mask(self, like))
     elif name == "dropout_replay_redraws":
         original = trainer.Trainer.before
         patch(trainer.Trainer, "before", lambda self, action: original(self, action) if action.kind == "F" else None)
@@ -228,7 +252,7 @@ def _positions_first(x):  # (B, nh, t, hs) -> (t, B, nh, hs), contiguous: all_ga
     return contiguous(namespace(x).permute_dims(x, (2, 0, 1, 3)))
 
 
-def gathered_forward(comm, q, k, v, layout, causal=True):
+def gathered_forward(comm, q, k, v, layout, causal=True, drop=None):
     """All-gather every rank's K and V and attend to the whole sequence at once (no ring)."""
     from ..context_parallel.blocks import allowed, block_attention, finish
 
@@ -237,16 +261,17 @@ def gathered_forward(comm, q, k, v, layout, causal=True):
     kv = all_gather(comm, xp.stack([_positions_first(k), _positions_first(v)], axis=1))  # (T, 2, B, nh, hs)
     K, V = (xp.permute_dims(kv[:, i], (1, 2, 0, 3)) for i in (0, 1))  # (B, nh, T, hs)
     mask = allowed(layout.positions(comm.rank), everyone, layout.T, causal)
-    out, lse = finish(block_attention(q, K, V, mask))
-    return out, (q, K, V, out, lse, mask)
+    keep = None if drop is None else drop.keep(q, layout.positions(comm.rank), everyone)
+    out, lse = finish(block_attention(q, K, V, mask, keep=keep, rate=drop.rate if drop else 0.0))
+    return out, (q, K, V, out, lse, mask, keep, drop.rate if drop else 0.0)
 
 
 def gathered_backward(comm, dout, ctx):
     from ..context_parallel.blocks import block_attention_backward, row_delta
 
-    q, K, V, out, lse, mask = ctx
+    q, K, V, out, lse, mask, keep, rate = ctx
     xp = namespace(q)
-    dq, dK, dV = block_attention_backward(q, K, V, dout, lse, row_delta(dout, out), mask)
+    dq, dK, dV = block_attention_backward(q, K, V, dout, lse, row_delta(dout, out), mask, keep=keep, rate=rate)
     mine = reduce_scatter(comm, xp.stack([_positions_first(dK), _positions_first(dV)], axis=1))  # (t, 2, B, nh, hs)
     dk, dv = (xp.permute_dims(mine[:, i], (1, 2, 0, 3)) for i in (0, 1))
     return dq, dk, dv

@@ -90,8 +90,8 @@ class Units(Module):
 
 
 def engine_units(stages: dict, split_tied: bool):
-    """(units, tied units, expert units): every child of every stage this rank holds, as DP
-    units; with ``split_tied`` the module holding wte on the first or last stage goes apart, into
+    """(units, tied units, expert units): every child with parameters of every stage this rank
+    holds, as DP units; with ``split_tied`` the module holding wte on the first or last stage goes apart, into
     its own engine. Its flat buffer then has the same layout on both stages, so the DP ring
     reduces the two copies' (equal) gradients in the same order, and they stay bitwise equal.
     A child holding mixture-of-experts layers is split further: its experts go to the expert
@@ -99,6 +99,8 @@ def engine_units(stages: dict, split_tied: bool):
     units, tied, experts = {}, {}, {}
     for s, st in stages.items():
         for name, child in st.children().items():
+            if not child.num_params():  # the embedding's dropout: nothing to reduce or update
+                continue
             is_tied = split_tied and ((s == 0 and name == "embed") or (st.last and name == "head"))
             if is_tied:
                 tied[f"s{s}.{name}"] = child
