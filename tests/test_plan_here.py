@@ -163,7 +163,8 @@ def test_spearman_and_kendall_by_hand():
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(np.corrcoef([1, 2.5, 2.5, 4], [1, 2, 3, 4])[0, 1])
 
 
-@pytest.mark.parametrize("argv, needle", [(["--steps", "0"], "--steps"), (["--machine", "/nonexistent.json"], "--machine")])
+@pytest.mark.parametrize("argv, needle", [(["--steps", "0"], "--steps"), (["--machine", "/nonexistent.json"], "--machine"),
+                                         (["--table", "/nonexistent.json"], "--table"), (["--table", __file__], "--table")])
 def test_bench_plan_refuses_bad_arguments_in_one_line(argv, needle, capsys):
     from minipar.bench.plan import main
 
