@@ -31,7 +31,7 @@ def lesson05_ops(grids=None):
     return {k: v for k, v in DEFAULT_MODEL.items() if k != "n_layers"}, sorted(shapes)
 
 
-def measure_and_report(n: int = 2, out: str | None = None, grids=None) -> dict:
+def measure_and_report(n: int = 2, out: str | None = None, grids=None, progress=lambda jobs, **_: jobs) -> dict:
     """``plan.machine.measure_machine`` on ``n`` ranks into ``out`` (default ``plan.machine.measured_file()``,
     outside the repository), lesson 05's GPT's operations at ``grids``' shapes (default every grid
     of ``minipar bench train``) included, with a line before and the measured numbers after;
@@ -41,7 +41,7 @@ def measure_and_report(n: int = 2, out: str | None = None, grids=None) -> dict:
     out = out or measured_file()
     print(f"measuring this machine on {n} ranks: matmul (float64, float32), memory bandwidth, ping-pong, "
           "lesson 05's GPT's operations on 1-8 ranks ...", flush=True)
-    rec = measure_machine(n, out, ops=lesson05_ops(grids))
+    rec = measure_machine(n, out, ops=lesson05_ops(grids), progress=progress)
     print(f"matmul: {rec['matmul_flops']['float64'] / 1e9:.2f} GFLOP/s float64, "
           f"{rec['matmul_flops']['float32'] / 1e9:.2f} GFLOP/s float32 per rank; memory {rec['memory_bandwidth'] / 1e9:.2f} GB/s; "
           f"alpha {rec['alpha'] * 1e6:.1f} us, 1/beta {1 / rec['beta'] / 1e9 if rec['beta'] else float('inf'):.2f} GB/s; "
@@ -59,9 +59,9 @@ def measure_and_report(n: int = 2, out: str | None = None, grids=None) -> dict:
     return rec
 
 
-def cmd_machine(args) -> int:
+def cmd_machine(args, progress=lambda jobs, **_: jobs) -> int:
     if args.n < 2:
         print("minipar bench machine: error: -n must be >= 2 (alpha and beta need a ping-pong)")
         return 2
-    measure_and_report(args.n, args.out)
+    measure_and_report(args.n, args.out, progress=progress)
     return 0

@@ -124,12 +124,12 @@ def table(res: dict) -> str:
 # --------------------------------------------------------------------------- the command
 
 
-def measure_machine(path: str, grids=None) -> dict:
+def measure_machine(path: str, grids=None, progress=lambda jobs, **_: jobs) -> dict:
     """What ``minipar bench machine`` writes, measured now, into ``path`` (the operations at
     ``grids``' shapes); returns it."""
     from .machine import measure_and_report
 
-    return measure_and_report(2, path, grids)
+    return measure_and_report(2, path, grids, progress)
 
 
 def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids, **_: grids) -> dict:
@@ -146,7 +146,7 @@ def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids
     if machine is None:
         fd, tmp = tempfile.mkstemp(prefix="minipar-machine-", suffix=".json")
         os.close(fd)
-        measure_machine(tmp, grids)
+        measure_machine(tmp, grids, progress)
         machine = tmp
     try:
         hw = this_machine("float64", machine)

@@ -251,13 +251,14 @@ def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) ->
     return {"rows": rows, "adam": {"ranks": comm.size, "overhead": max(0.0, t0 - per * n0), "per_param": per}}
 
 
-def measure_ops(model: dict, shapes, seconds: float = 0.05) -> dict:
+def measure_ops(model: dict, shapes, seconds: float = 0.05, progress=lambda jobs, **_: jobs) -> dict:
     """``op_probe`` for every rank count of ``shapes`` ({(ranks, tp, b)}), each its own job of
-    that many ranks: the record's ``ops``."""
+    that many ranks: the record's ``ops``. ``progress`` wraps the jobs (the CLI passes a bar)."""
     from ..launcher import launch
 
     rows, adam, t0 = [], {}, time.perf_counter()
-    for k in sorted({k for k, _, _ in shapes}):
+    ks = sorted({k for k, _, _ in shapes})
+    for k in progress(ks, desc="the model's operations, k ranks at once", total=len(ks), unit="job"):
         got = launch(k, "minipar.plan.machine:op_probe", quiet=True, watchdog=600.0, model=model, seconds=seconds,
                      shapes=sorted({(t, b) for n, t, b in shapes if n == k})).results[0]
         rows += got["rows"]
@@ -315,7 +316,7 @@ def oversubscribed(cores: int, per_core=(2, 4)) -> dict:
     return out
 
 
-def measure_machine(n: int = 2, path: str | None = None, ops=None) -> dict:
+def measure_machine(n: int = 2, path: str | None = None, ops=None, progress=lambda jobs, **_: jobs) -> dict:
     """Measure this machine on ``n`` ranks (then 2 and 4 per core) and write the record to ``path``
     (default :func:`measured_file`, its folder made if need be); returns it. ``ops``: (model,
     shapes) of ``measure_ops``, the operations of the model to be planned at its local shapes."""
@@ -324,7 +325,7 @@ def measure_machine(n: int = 2, path: str | None = None, ops=None) -> dict:
     rec = launch(n, "minipar.plan.machine:measure", quiet=True).results[0]
     rec["oversubscribed"] = oversubscribed(rec["cores"])
     if ops is not None:
-        rec["ops"] = measure_ops(*ops)
+        rec["ops"] = measure_ops(*ops, progress=progress)
     rec["when"] = datetime.datetime.now().isoformat(timespec="seconds")
     rec["command"] = f"minipar bench machine -n {n}"
     rec["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
