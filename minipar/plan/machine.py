@@ -17,7 +17,12 @@ Every rank measures at the same time, as ranks compute in training, each with on
   rank sends to the next and receives from the previous at once, as a ring collective's step
   does. With more ranks than cores a step waits until the scheduler runs the receiver, and
   MPICH's waiting ranks poll, burning their share of a core: the latency a TP all-reduce of
-  many small steps pays when ranks outnumber cores.
+  many small steps pays when ranks outnumber cores;
+- ``ops`` (``measure_ops``, given a model and its local shapes): the model's own operations
+  timed as the ranks will run them: lesson 05's block forward and backward, the embedding, head
+  and loss, and FlatAdam's update, with k ranks computing at once (``op_probe``). Small
+  matmuls, elementwise passes, the per-call costs of Python and NumPy and the cores' sharing
+  are all in these seconds; the planner prices lesson 05's GPT from them (``timing.measured_ops``).
 
 The "this-machine" preset (``minipar.plan.hardware.this_machine``) has no calibration constant:
 its rates are these measurements, read through ``load``. On a machine shared with other jobs

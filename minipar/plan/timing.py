@@ -5,6 +5,9 @@
 
 Per block and micro-batch on one rank:
 
+- this machine, with lesson 05's GPT's operations measured (``Hardware.ops``,
+  ``measured_ops``): a block's forward and backward, and the ends', are the seconds measured at
+  the configuration's (ranks, tp, b), in place of the two items below;
 - matmuls: their FLOPs (``models.layer_flops``) / (peak x matmul_fraction);
 - memory-bound operations (LayerNorm, GeLU, softmax, dropout, residuals): every activation the
   forward stores is written and read once there (2 passes over the block's activation bytes),
