@@ -223,68 +223,101 @@ def this_process() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}: {shlex.join(command + args)}"
 
 
-def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None):
+def run_streaming(cmd, limit: float, echo: bool = True, env=None, on_line=None, labels=None):
     """Run ``cmd``, echoing its output live (and handing each line to ``on_line``), stopping it
-    after ``limit`` seconds.
+    after ``limit`` seconds. ``cmd`` may also be a list of commands, started at once (torchrun on
+    every node of a cluster): each line is prefixed with the command's label (``labels``), and the
+    first command to fail ends the others.
 
-    Returns (exit code, combined output). Exit code 124 means we stopped it on the time limit.
-    However the call ends (the limit, Ctrl-C, SIGTERM or SIGHUP, an error), the job ends with
-    it (:func:`stop`) and leaves nothing behind. Hydra's topology file in /tmp is removed here,
-    when the job is over, however it ended: a stopped job's (``stop`` finds it before it kills),
-    and a job's that ended by itself after a rank called ``MPI_Abort``, whose proxy exits without
-    removing it (``watch`` notes it while the job runs).
+    Returns (exit code, combined output): the first failure's code, else 0; 124 means we stopped
+    it on the time limit. However the call ends (the limit, a command failing, Ctrl-C, SIGTERM or
+    SIGHUP, an error), every command ends with it (:func:`stop`) and leaves nothing behind.
+    Hydra's topology file in /tmp is removed here, when the job is over, however it ended: a
+    stopped job's (``stop`` finds it before it kills), and a job's that ended by itself after a
+    rank called ``MPI_Abort``, whose proxy exits without removing it (``watch`` notes it while
+    the job runs).
     """
+    cmds = [cmd] if cmd and isinstance(cmd[0], (str, os.PathLike)) else list(cmd)
+    labels = list(labels) if labels else [""] * len(cmds)
     with ending_on_signals():
-        proc, lines, held = None, [], set()
+        procs, readers, lines, held, watcher = [], [], [], set(), None
         stopping = threading.Event()  # from then on, mpiexec's "BAD TERMINATION" banner is not echoed
         ended = threading.Event()
 
         def watch():
-            """This job's hydra topology file: the one its processes hold open, once it exists (the
+            """Each job's hydra topology file: the one its processes hold open, once it exists (the
             proxy makes it as it starts: 30 s of looking is plenty, and the watch ends with the job)."""
-            deadline = time.monotonic() + 30
-            while not held and proc.poll() is None and time.monotonic() < deadline:
-                held.update(_job_files(proc.pid))
+            deadline, found = time.monotonic() + 30, set()
+            while (len(found) < len(procs) and any(p.poll() is None for p in procs) and time.monotonic() < deadline
+                   and not ended.is_set()):
+                for p in procs:
+                    files = set() if p.pid in found else _job_files(p.pid)
+                    if files:
+                        found.add(p.pid)
+                        held.update(files)
                 ended.wait(0.2)
 
-        def pump():
+        def pump(proc, label):
             for line in proc.stdout:
-                lines.append(line)
+                lines.append(label + line)
                 if echo and not stopping.is_set():
-                    sys.stdout.write(line)
+                    sys.stdout.write(lines[-1])
                     sys.stdout.flush()
                 if on_line is not None:
-                    on_line(line)
+                    on_line(lines[-1])
+
+        def stop_all():
+            stopping.set()
+            for p in procs:
+                held.update(stop(p))
 
         try:
-            with _held_signals():  # a signal while mpiexec starts waits until it can be stopped
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        bufsize=1, env=env, start_new_session=True, preexec_fn=_dies_with(os.getpid()))
-                reader = threading.Thread(target=pump, daemon=True)
-                reader.start()
+            with _held_signals():  # a signal while the commands start waits until they can be stopped
+                for c, label in zip(cmds, labels):
+                    procs.append(subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                  bufsize=1, env=env, start_new_session=True,
+                                                  preexec_fn=_dies_with(os.getpid())))
+                    readers.append(threading.Thread(target=pump, args=(procs[-1], label), daemon=True))
+                    readers[-1].start()
                 watcher = threading.Thread(target=watch, daemon=True)
                 watcher.start()
-            code = proc.wait(timeout=limit)
+            code = _first_failure(procs, limit)
+            if code and len(procs) > 1:
+                stop_all()  # the others, still running
         except subprocess.TimeoutExpired:
-            stopping.set()
-            held.update(stop(proc))
+            stop_all()
             lines.append(f"minipar: job killed after {limit:g} s (hard time limit)\n")
             code = 124
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP, or any error here: no rank outlives the call
-            stopping.set()
-            if proc is not None:
-                held.update(stop(proc))
+            stop_all()
             raise
         finally:
             ended.set()
-            if proc is not None:
+            if watcher is not None:
                 watcher.join(timeout=5)
             with _held_signals():  # a second Ctrl-C waits until the files are gone
                 for path in held:  # gone already where hydra ended normally, or a stopped job's proxy removed it
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(path)
-        reader.join(timeout=5)
+        for t in readers:
+            t.join(timeout=5)
         return code, "".join(lines)
+
+
+def _first_failure(procs, limit: float) -> int:
+    """Wait until every process has ended (0) or one has failed (its exit code); TimeoutExpired
+    after ``limit`` seconds."""
+    if len(procs) == 1:
+        return procs[0].wait(timeout=limit)
+    deadline = time.monotonic() + limit
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed or None not in codes:
+            return failed[0] if failed else 0
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(procs[0].args, limit)
+        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------ ending a job, and this process

@@ -25,13 +25,17 @@ def clip_scale(norm, max_norm):
     return min(1.0, max_norm / (norm + 1e-6))
 
 
-def clip_grad_norm(grads, max_norm):
-    """Scale ``grads`` in place so that their global L2 norm is at most ``max_norm``, as
-    ``torch.nn.utils.clip_grad_norm_`` does; returns the norm before clipping. One process: every
-    gradient is here once. On a grid the sum of squares is taken over ranks, each parameter counted
-    once (``minipar.train.trainer.Trainer.clip_grads``), and the same factor applied everywhere."""
+def clip_grad_norm(grads, max_norm, norm_type=2.0):
+    """Scale ``grads`` in place so that their global norm is at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` does; returns the norm before clipping. ``norm_type`` 2.0:
+    the L2 norm; ``math.inf``: the largest |element|. One process: every gradient is here once. On
+    a grid the sum of squares (inf: the max) is taken over ranks, each parameter counted once
+    (``minipar.train.trainer.Trainer.clip_grads``), and the same factor applied everywhere."""
     grads = list(grads)
-    norm = math.sqrt(sum(float(namespace(g).sum(g * g)) for g in grads))
+    if norm_type == math.inf:
+        norm = max((float(namespace(g).max(namespace(g).abs(g))) for g in grads), default=0.0)
+    else:
+        norm = math.sqrt(sum(float(namespace(g).sum(g * g)) for g in grads))
     scale = clip_scale(norm, max_norm)
     for g in grads:
         g *= scale

@@ -153,10 +153,11 @@ def index_add(dst, index, src):
     """dst[index[i]] += src[i] for every i, repeated indices adding up (a scatter-add, in place).
 
     ``dst[index] += src`` would keep only one of the repeated rows; this is ``np.add.at`` /
-    ``torch.Tensor.index_add_`` along axis 0. The backward of a row lookup ``w[index]``.
+    ``torch.Tensor.index_add_`` along axis 0. The backward of a row lookup ``w[index]``. ``src``
+    may be 16-bit and ``dst`` a float32 main_grad (NumPy casts; torch is told to).
     """
     if is_torch(dst):
-        dst.index_add_(0, index, src)
+        dst.index_add_(0, index, src.to(dst.dtype))
     else:
         np.add.at(dst, index, src)
     return dst

@@ -230,13 +230,13 @@ PLACEMENTS = {"tp inside": dict(dp=2, tp=2, order="tp-cp-pp-dp"), "tp across": d
 def placement_bytes(comm):
     """One traced training step per placement of the grid on 2 nodes of 2 ranks: the bytes this
     rank sent inside and between nodes (read from each event's link), and the formula's:
-    ``accounting.comm_bytes`` per group, counted between nodes where the group spans nodes."""
-    from minipar.lessons.train import dp_units, make_config
+    ``accounting.comm_bytes`` per group, counted between nodes where the group spans nodes
+    (``bench.cluster.formula_link_bytes``, which the cluster's placement benchmark reports too)."""
+    from minipar.bench.cluster import formula_link_bytes
+    from minipar.lessons.train import make_config
     from minipar.trace import link_bytes
-    from minipar.train import accounting as acc
     from minipar.train.trainer import Trainer
 
-    axis = {"tp": "tp", "pp": "pp", "emb": "pp", "dp": "dp+cp", "cp": "cp"}  # each group's grid axis
     out = {}
     for name, kw in PLACEMENTS.items():
         cfg = make_config(steps=1, ranks_per_node=2, **kw)
@@ -245,10 +245,8 @@ def placement_bytes(comm):
         comm.tracer.enabled = True
         tr.step(0)
         comm.tracer.enabled = False
-        want = acc.comm_bytes(cfg, tr.grid.coords, *dp_units(tr))
-        inter = sum(b for g, b in want.items() if b and tr.grid.crosses(axis[g]))
-        out[name] = dict(link_bytes(comm.tracer.events, comm.rank), want_inter=inter,
-                         want_intra=sum(want.values()) - inter)
+        want = formula_link_bytes(tr)
+        out[name] = dict(link_bytes(comm.tracer.events, comm.rank), want_inter=want["inter"], want_intra=want["intra"])
         comm.tracer.clear()
         comm.tracer.ranks_per_node = None
     return out

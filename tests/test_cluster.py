@@ -17,7 +17,7 @@ from minipar.cluster import launch as L
 from minipar.cluster import nodes as N
 from minipar.cluster import traffic as T
 from minipar.errors import UsageError
-from minipar.launcher import rank_env
+from minipar.launcher import rank_env, run_streaming
 
 from .conftest import has_torch
 
@@ -240,7 +240,7 @@ def test_the_docs_slurm_torchrun_line_runs_across_the_nodes_over_the_uplinks(clu
     probe.write_text(TORCH_PROBE)
     argv[module:module + 4] = [str(probe)]  # the script in place of the lesson (and its --backend torch)
     cmds = [N.in_node(cluster, i, [sys.executable, "-m", "torch.distributed.run", *argv]) for i in range(2)]
-    code, out = L._run_all(cmds, 150, False, {**rank_env(), **env})
+    code, out = run_streaming(cmds, 150, echo=False, env={**rank_env(), **env}, labels=["[node0] ", "[node1] "])
     assert code == 0, out
     (res,) = [json.loads(ln.split("RESULT ", 1)[1]) for ln in out.splitlines() if "RESULT " in ln]
     assert sorted(r["host"] for r in res) == ["node0", "node1"]
@@ -248,3 +248,86 @@ def test_the_docs_slurm_torchrun_line_runs_across_the_nodes_over_the_uplinks(clu
     for host, d in T.per_node(res, "ring").items():
         ok, why = T.verdict(d, payload[int(host[4:])])
         assert ok, (host, why)
+
+
+@pytest.mark.timeout(60)
+def test_one_runner_for_several_commands_the_first_failure_ends_the_others(tmp_path):
+    """``run_streaming`` with a list of commands (torchrun on each node): each line labelled, the
+    first failure's exit code, and the command still running ended at once, not waited for; the
+    time limit ends them all. (No namespaces needed: plain shells.)"""
+    import time
+
+    pidfile = tmp_path / "pid"
+    slow = ["sh", "-c", f"echo $$ > {pidfile}; echo up; exec sleep 60"]
+    t0 = time.monotonic()
+    code, out = run_streaming([slow, ["sh", "-c", "sleep 1; echo failing; exit 3"]], 30, echo=False,
+                              labels=["[a] ", "[b] "])
+    assert code == 3 and time.monotonic() - t0 < 15, (code, out)  # not the 60 s of the other
+    assert "[a] up\n" in out and "[b] failing\n" in out, out
+    pid = int(pidfile.read_text())
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    t0 = time.monotonic()
+    code, out = run_streaming([["sleep", "60"], ["sleep", "60"]], 1, echo=False)
+    assert code == 124 and time.monotonic() - t0 < 15 and "hard time limit" in out
+    assert run_streaming([["true"], ["true"]], 10, echo=False)[0] == 0
+
+
+# --------------------------------------------------------------------------- placements, predicted
+
+
+def test_the_planner_predicts_each_placement_from_the_clusters_hardware_file(tmp_path):
+    """The hardware file the placement command writes is one `minipar plan --hardware-file` reads;
+    from it the planner puts each comparison's placement across the slow link behind the other
+    one, and the node's ranks share its uplink (pure: no cluster)."""
+    from minipar.bench import cluster as B
+    from minipar.cli import main
+    from minipar.cli.cluster import PLACEMENT_MODEL
+    from minipar.plan.hardware import hardware_file
+    from minipar.records import write_json
+    from minipar.train.model import GPTConfig
+    from minipar.train.trainer import TrainConfig
+
+    path = str(tmp_path / "cluster.json")
+    write_json(path, B.cluster_hardware("100mbit", 2, (2e-5, 1 / 3e9), 1e-4))
+    hw = hardware_file(path)
+    assert (hw.gpus_per_node, hw.inter.bandwidth, hw.inter.alpha) == (2, 100e6 / 8 / 2, 1e-4)
+    cfg = TrainConfig(GPTConfig(**PLACEMENT_MODEL), batch=16)
+    pred = {}
+    for c, (grid, (inside, across)) in B.COMPARISONS.items():
+        for p in (inside, across):
+            run = B.placement_config(cfg, grid, p)
+            pred[p.name] = B.predicted(run, p.per_node, hw, B.tp_across(run, p.per_node), cores=2)
+        # links swapped for TP across (else "tp across" = "tp inside"); the one-node DDP on the fast link
+        assert pred[across.name].step_time_s > 1.1 * pred[inside.name].step_time_s, (c, pred)
+    # DP across with 2 ranks a node (each half the gradients) and DDP with 1 rank a node: the same
+    # bytes through one uplink, the same time (an uplink per rank would halve the first)
+    dp2, ddp = pred["tp inside, dp across"].parts["dp_comm"], pred["ddp across the link"].parts["dp_comm"]
+    assert abs(dp2 / ddp - 1) < 0.05, (dp2, ddp)
+    shape = ["--layers", "2", "--hidden", "128", "--heads", "4", "--seq", "32", "--vocab", "96"]
+    assert main(["plan", "--hardware-file", path, "--gpus", "4", "--gpus-per-node", "2", "--tp", "2", "--dp", "2",
+                 "--global-batch", "16", *shape]) == 0
+
+
+@needs_namespaces
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_ddp_across_the_link_and_on_one_node_measured_and_predicted(tmp_path):
+    """`minipar cluster placement --compare ddp` on a 1 Gbit/s cluster of its own, one round of 2
+    steps of a tiny GPT: the bytes between nodes read from the trace equal the formula's (all of
+    DDP's across the link, none on one node), and the planner's DP time across, from the hardware
+    file it wrote, is those bytes at the link's rate."""
+    from minipar.bench import cluster as B
+    from minipar.lessons.train import make_config
+
+    path = str(tmp_path / "cluster.json")
+    recs = B.placements("1gbit", make_config(steps=2), ("ddp",), rounds=1, hardware_file=path)
+    file = json.loads(pathlib.Path(path).read_text())
+    one, across = recs
+    assert across["inter_bytes"] == across["inter_bytes_formula"] > 0 and across["intra_bytes"] == 0, across
+    assert one["inter_bytes"] == one["inter_bytes_formula"] == 0 and one["intra_bytes"] == across["inter_bytes"], one
+    assert across["steps_timed"] == one["steps_timed"] == 1 and one["predicted_s"] > 0
+    # the planner's DP time across is the ring over the 2 nodes of the gradient the trace counted:
+    # 2 alpha + n / rate, each rank's uplink its own (the file's per-GPU share is for 2 ranks a node)
+    n, bw, alpha = across["inter_bytes"] / 2, 2 * file["inter"]["bandwidth"], file["inter"]["latency"]
+    assert bw == 1e9 / 8
+    assert abs(across["predicted_parts"]["dp_comm"] - (2 * alpha + n / bw)) <= 1e-3 * n / bw, (across, file)

@@ -375,3 +375,22 @@ def test_to_converts_to_fresh_arrays(dtype):
         assert isinstance(a, np.ndarray) and a.dtype == dtype
     lin.params["w"][...] = 7  # an in-place update (what an optimizer does) ...
     assert not (old_w == 7).any()  # ... leaves arrays kept from before untouched, even in float64
+
+
+def test_a_batch_of_single_rows_is_one_matrix_product(monkeypatch):
+    """A decode step at batch B, (B, 1, d) @ w, must read w once: one (B, d) @ w product, not B
+    matrix-vector products (NumPy's stacked matmul); sequences of many rows stay stacked."""
+    import minipar.nn.functional as F
+
+    seen = []
+    real = F.matmul
+    monkeypatch.setattr(F, "matmul", lambda a, b: seen.append(a.shape) or real(a, b))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8))
+    x = rng.standard_normal((5, 1, 16))
+    y, _ = F.linear_forward(x, w)
+    assert seen == [(5, 16)] and y.shape == (5, 1, 8)
+    np.testing.assert_allclose(y, x @ w, rtol=1e-12)
+    seen.clear()
+    F.linear_forward(rng.standard_normal((5, 3, 16)), w)
+    assert seen == [(5, 3, 16)]

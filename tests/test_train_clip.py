@@ -3,9 +3,13 @@
 The one-process reference clips as torch's ``clip_grad_norm_``; every grid must give its losses,
 parameters and per-step norms (1e-12), on grids that hold each kind of parameter the sum over ranks
 could count twice: whole on every TP rank (LayerNorms, row-parallel biases), the tied embedding on
-two stages, DDP replicas, ZeRO-1 shards, cp ranks, experts over dp. Each planted bug of the norm
-must fail those checks.
+two stages, DDP replicas, ZeRO-1, 2 and 3 shards, cp ranks, experts over dp. Each planted bug of
+the norm must fail those checks: replicated parameters counted tp times, the tied weight twice, a
+DDP replica's average dp times, the pp sum missing, clipping before the DP average, ZeRO shards
+not summed over dp, one rank stepping unclipped.
 """
+import math
+
 import numpy as np
 import pytest
 
@@ -18,6 +22,8 @@ from minipar.train.config import check_shapes
 from minipar.train.trainer import train_reference
 
 CLIP = 0.5  # the reference's norms are 1.3 to 2.1 on these steps: every step clips
+# --clip-norm-type inf: the largest |element| over every rank, 0.15 to 0.23 on these steps
+INF = dict(clip=0.1, clip_norm_type=math.inf)
 GRIDS = [
     dict(model=SHORT, dp=1, pp=2, tp=2, schedule="1f1b", microbatches=2),  # tp, and the tied embedding on 2 stages
     dict(model=SHORT, dp=2, pp=1, tp=2),  # DDP replicas x TP
@@ -25,6 +31,8 @@ GRIDS = [
     dict(model=SHORT, dp=1, pp=1, cp=2, tp=2, sequence_parallel=True),  # cp replicas, SP LayerNorms
     dict(model=MOE, dp=2, pp=1, tp=2),  # 4 experts over dp 2, replicated over tp
     dict(model=MOE, dp=2, pp=2, tp=1, schedule="1f1b", microbatches=2, zero=1),  # experts, ZeRO-1, tied
+    dict(model=SHORT, dp=2, pp=1, tp=2, zero=3),  # FSDP x TP: gradient shards summed over dp, TP shards over tp
+    dict(model=SHORT, dp=1, pp=2, tp=2, schedule="1f1b", microbatches=2, **INF),  # the max over tp and pp
 ]
 # each planted bug of the norm, a grid where it matters, and the checks it must fail
 MUTANTS = [
@@ -32,10 +40,17 @@ MUTANTS = [
     ("clip_tied_twice", dict(model=SHORT, dp=1, pp=2, tp=1), ("gradient norm", "losses of", "parameters")),
     ("clip_every_replica", dict(model=SHORT, dp=2, pp=1, tp=1), ("gradient norm", "losses of", "parameters")),
     ("clip_skipped_on_one_rank", dict(model=SHORT, dp=2, pp=1, tp=1), ("losses of", "parameters", "replicas")),
+    ("clip_pp_sum_missing", dict(model=SHORT, dp=1, pp=2, tp=1, schedule="1f1b", microbatches=2),
+     ("gradient norm", "losses of", "parameters")),
+    ("clip_before_dp_average", dict(model=SHORT, dp=2, pp=1, tp=1), ("gradient norm", "losses of", "parameters")),
+    ("clip_zero_shards_not_summed", dict(model=SHORT, dp=2, pp=1, tp=2, zero=3), ("gradient norm", "losses of", "parameters")),
+    ("clip_inf_summed", dict(model=SHORT, dp=1, pp=2, tp=2, schedule="1f1b", microbatches=2, **INF),
+     ("gradient norm", "losses of", "parameters")),
 ]
 
 
-def test_clip_grad_norm_is_torchs():
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_clip_grad_norm_is_torchs(norm_type):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
     for max_norm in (0.3, 100.0):  # clips; does not
@@ -43,8 +58,8 @@ def test_clip_grad_norm_is_torchs():
         tensors = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True) for g in grads]
         for t, g in zip(tensors, grads):
             t.grad = torch.from_numpy(g.copy())
-        want = float(torch.nn.utils.clip_grad_norm_(tensors, max_norm))
-        got = clip_grad_norm(grads, max_norm)
+        want = float(torch.nn.utils.clip_grad_norm_(tensors, max_norm, norm_type=norm_type))
+        got = clip_grad_norm(grads, max_norm, norm_type)
         assert got == pytest.approx(want, rel=1e-15)
         for t, g in zip(tensors, grads):
             np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-15, atol=0)
@@ -64,10 +79,17 @@ def test_a_clip_that_is_not_a_positive_number_is_refused(clip):
         check_shapes(make_config(model=SHORT, clip=clip), 1)
 
 
+@pytest.mark.parametrize("norm_type", [1.0, 3.0, -math.inf, float("nan"), True])
+def test_a_clip_norm_other_than_2_or_inf_is_refused(norm_type):
+    with pytest.raises(UsageError, match="--clip-norm-type") as err:
+        check_shapes(make_config(model=SHORT, clip=1.0, clip_norm_type=norm_type), 1)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_every_grid_clips_like_one_process():
-    configs = [dict(c, clip=CLIP) for c in GRIDS]
+    configs = [dict(dict(clip=CLIP), **c) for c in GRIDS]
     out = launch(4, "minipar.lessons.train:check_grids", quiet=True, job_timeout=110, configs=configs, steps=3)
     rows = merge_rows(out.results)
     for c in configs:  # every grid compared its norms and clipped
@@ -80,7 +102,7 @@ def test_every_grid_clips_like_one_process():
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_each_planted_bug_of_the_norm_breaks_the_equality():
-    cases = [(m, "grids", dict(cfg, clip=CLIP), 3) for m, cfg, _ in MUTANTS]
+    cases = [(m, "grids", dict(dict(clip=CLIP), **cfg), 3) for m, cfg, _ in MUTANTS]
     out = launch(4, "minipar.lessons.train:check_mutants", quiet=True, job_timeout=110, cases=cases)
     rows = merge_rows(out.results)
     for mutant, _, checks in MUTANTS:

@@ -120,14 +120,28 @@ ACCOUNTED = [
     CP_GRIDS[2],  # full recomputation runs the ring forward twice; zb-h1 keeps the gradients for W
     dict(CP_GRIDS[1], microbatches=2),  # Ulysses' all-to-alls
 ]
+# the same formulas in 16 bits (2 bytes an element; float32 for the cross-entropy's all-reduces and
+# the dp and emb sums of main_grad): every schedule, SP on and off, each recompute mode, ZeRO-1, 2
+# and 3, the ring's K/V, bf16 and fp16
+ACCOUNTED_16 = [
+    dict(ACCOUNTED[0], precision="bf16", zero=3),
+    dict(ACCOUNTED[1], precision="fp16"),
+    dict(ACCOUNTED[2], precision="bf16", zero=2),
+    dict(ACCOUNTED[4], precision="fp16", zero=1),
+    dict(ACCOUNTED[7], precision="bf16"),
+]
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 def test_activation_memory_and_traffic_equal_the_formulas():
-    out = launch(8, "minipar.lessons.train:check_accounting", quiet=True, job_timeout=600, configs=ACCOUNTED)
+    assert {c["precision"] for c in ACCOUNTED_16} == {"bf16", "fp16"} and {c.get("zero") for c in ACCOUNTED_16} >= {1, 2, 3}
+    assert {c.get("schedule") for c in ACCOUNTED_16} >= {"gpipe", "1f1b", "interleaved", "zb-h1"}
+    assert {c.get("recompute", "none") for c in ACCOUNTED_16} == {"none", "selective", "full"}
+    configs = ACCOUNTED + ACCOUNTED_16
+    out = launch(8, "minipar.lessons.train:check_accounting", quiet=True, job_timeout=600, configs=configs)
     rows = merge_rows(out.results)
-    assert len(rows) == 5 * len(ACCOUNTED) + sum(1 for c in ACCOUNTED if c.get("cp", 1) > 1)  # + the cp bytes
+    assert len(rows) == 5 * len(configs) + sum(1 for c in configs if c.get("cp", 1) > 1)  # + the cp bytes
     assert not _failures(rows), _failures(rows)
 
 
@@ -148,6 +162,11 @@ MUTANTS = [
     ("experts_everywhere", "grids", dict(model=MOE, dp=2, pp=1, tp=1), "holds E/dp", 2),
     ("recompute_counted", "grids", dict(model=MOE, dp=2, pp=1, tp=1, microbatches=2, recompute="full"),
      "tokens per expert", 2),
+    # 16 bits: a tensor kept in float32, a reduction in 16 bits where the formula says float32
+    ("activation_in_float32", "accounting", dict(dp=1, pp=2, tp=2, microbatches=2, precision="bf16"),
+     "activation bytes at the peak"),
+    ("loss_in_compute_dtype", "accounting", dict(dp=1, pp=2, tp=2, microbatches=2, precision="fp16"),
+     "tp bytes per step"),
 ]
 
 

@@ -16,16 +16,26 @@ inter-node beta replaced by the configured rate. MPI's own all-reduce has no mes
 The first all-reduce of each algorithm is a warm-up, neither timed nor counted (as nccl-tests'
 warm-up iterations): it opens the TCP connections, and starts each in slow start; measured at
 1 Gbit/s it ran at 0.05-0.3 of the rate, against 0.7-0.85 for the ones after it.
+
+    sudo minipar cluster placement --rates 100mbit --json placement.json --hardware-file cluster.json
+
+``placements``: lesson 05's trainer placed two ways per comparison (``COMPARISONS``: TP inside
+or across the nodes, PP or TP across, DDP on one node or across the link), in interleaved
+rounds on a cluster of its own; per placement the step time, the bytes between nodes (trace and
+``accounting.comm_bytes``) and the planner's prediction from the cluster's hardware file
+(``cluster_hardware``: links measured by ping-pong, the uplink's rate).
 """
 from __future__ import annotations
 
 import os
 import statistics
+from dataclasses import dataclass
 
 from ..cluster import launch as L
 from ..cluster import nodes as N
 from ..cluster import traffic as T
 from ..costmodel import busbw, two_level_allreduce_time
+from ..records import write_json
 
 ALGS = ("ring", "hierarchical", "builtin")
 NAMES = {"ring": "ring", "hierarchical": "hierarchical", "builtin": "MPI (MPICH)"}
@@ -158,40 +168,166 @@ def markdown(records) -> str:
 
 # --------------------------------------------------------------------------- placement of a 3D grid
 
-PLACEMENTS = {"tp inside, dp across": "tp-cp-pp-dp", "tp across, dp inside": "dp-tp-cp-pp"}
+@dataclass(frozen=True)
+class Placement:
+    name: str
+    order: str  # Megatron's order string, fastest-varying axis first
+    per_node: int  # ranks on each node it uses, in blocks (nodes 0, 1, ...)
+
+
+# Each comparison: lesson 05's grid, and two placements of it on a cluster of 2 nodes, first the one
+# that keeps the slow link lighter. "ddp" is "DDP with and without NVLink": the same 2 ranks on
+# one node, and across the shaped link.
+COMPARISONS = {
+    "tp": (dict(dp=2, tp=2), (Placement("tp inside, dp across", "tp-cp-pp-dp", 2),
+                              Placement("tp across, dp inside", "dp-tp-cp-pp", 2))),
+    "pp": (dict(pp=2, tp=2, microbatches=2), (Placement("tp inside, pp across", "tp-cp-pp-dp", 2),
+                                              Placement("tp across, pp inside", "pp-tp-cp-dp", 2))),
+    "ddp": (dict(dp=2), (Placement("ddp on one node", "tp-cp-pp-dp", 2),
+                         Placement("ddp across the link", "tp-cp-pp-dp", 1))),
+}
+# the trainer's groups (accounting.comm_bytes' keys) and the grid axis each runs along
+GROUP_AXIS = {"tp": "tp", "pp": "pp", "emb": "pp", "dp": "dp+cp", "cp": "cp"}
+
+
+def formula_link_bytes(tr) -> dict:
+    """{"inter", "intra"}: the bytes this rank sends in one step by ``accounting.comm_bytes``, a
+    group's counted between nodes where the group spans nodes (``Grid.crosses``)."""
+    from ..lessons.train import dp_units
+    from ..train import accounting as acc
+
+    want = acc.comm_bytes(tr.cfg, tr.grid.coords, *dp_units(tr))
+    inter = sum(b for g, b in want.items() if b and tr.grid.crosses(GROUP_AXIS[g]))
+    return {"inter": inter, "intra": sum(want.values()) - inter}
+
+
+def placement_config(cfg, grid: dict, p: Placement):
+    """``cfg`` on ``grid`` (a comparison's dp, pp, tp ...; the rest 1), placed as ``p`` says."""
+    return cfg.with_(**{"dp": 1, "pp": 1, "tp": 1, "microbatches": 1, **grid}, order=p.order, ranks_per_node=p.per_node)
+
+
+def tp_across(cfg, per_node: int) -> bool:
+    """Do TP groups of ``cfg``'s grid span nodes of ``per_node`` ranks (placed in blocks)?"""
+    from ..grid import rank_grid
+
+    node = rank_grid((cfg.dp, cfg.pp, cfg.cp, cfg.tp), cfg.order) // per_node  # (dp, pp, cp, tp): each rank's node
+    return bool((node != node[..., :1]).any())
 
 
 def placement_rank(comm, cfg):
     """Lesson 05's trainer for ``cfg.steps`` steps on this rank; step 1 traced: the step times
-    (slowest rank) and the bytes this rank sent between nodes and inside them in step 1."""
+    (slowest rank), the bytes this rank sent between nodes and inside them in step 1, read from
+    the trace and by the formula."""
     from ..trace import link_bytes
     from ..train.trainer import train
 
-    _, losses, times = train(comm, cfg, trace_step=1)
-    return {"step_times_s": times, "losses": losses, **link_bytes(comm.tracer.events, comm.rank)}
+    tr, losses, times = train(comm, cfg, trace_step=1)
+    want = formula_link_bytes(tr)
+    return {"step_times_s": times, "losses": losses, **link_bytes(comm.tracer.events, comm.rank),
+            "want_inter": want["inter"], "want_intra": want["intra"]}
 
 
-def placements(rate, cfg, rounds: int = 2, progress=None) -> list[dict]:
-    """TP inside the nodes and DP across them, against TP across and DP inside, on a cluster of
-    2 nodes x 2 ranks of its own with uplinks at ``rate``; ``cfg`` a dp = tp = 2 TrainConfig. The
+def cluster_hardware(rate: str, per_node: int, intra, inter_alpha: float, machine=None) -> dict:
+    """The emulated cluster as a ``minipar plan --hardware-file`` (``plan.hardware.FILE_FIELDS``):
+    ``per_node`` GPUs (ranks) per node; inside a node the link of a ping-pong between two ranks of
+    node 0 (``intra``: alpha, beta); between nodes the latency of a ping-pong across the uplink and
+    tbf's ``rate`` shared by the node's ranks (the file's inter link is per GPU, as a node with a
+    NIC per GPU has it; here the node's ranks cross at once through its one uplink); the matmul
+    rate, memory and its bandwidth this machine's (``this-machine``, float64). No calibration
+    constants: the fractions are 1."""
+    from ..plan.hardware import this_machine
+
+    m = machine or this_machine("float64")
+    return {"name": f"emulated cluster: nodes of {per_node} ranks, uplinks {rate} (float64 ranks of this machine)",
+            "peak_flops": {"bf16": m.peak_flops}, "memory_bytes": m.memory_bytes, "hbm_bandwidth": m.hbm_bandwidth,
+            "gpus_per_node": per_node, "intra": {"bandwidth": 1.0 / intra[1], "latency": intra[0]},
+            "inter": {"bandwidth": N.parse_rate(rate) / 8 / per_node, "latency": inter_alpha},
+            "matmul_fraction": 1.0, "link_fraction": 1.0}
+
+
+def predicted(cfg, per_node: int, hw, tp_across: bool, cores: int):
+    """The planner's prediction (``plan.predict``) of ``cfg`` on nodes of ``per_node`` ranks of ``hw``.
+
+    What a hardware file cannot say is set here: the ranks train in float64 (8-byte activations,
+    no mixed precision), and all ranks share this machine's ``cores`` (each gets cores / ranks of
+    one); with ``per_node`` ranks on a node where the file has ``gpus_per_node``, each gets its
+    share of the uplink. The planner lays TP innermost, inside a node, and the other axes outward
+    across nodes; a placement with TP across the nodes and the other axis inside is that layout
+    with the two links swapped (exact for the two-axis grids of ``COMPARISONS``)."""
+    from dataclasses import replace
+
+    from ..plan.config import Problem
+    from ..plan.models import minipar_gpt
+    from ..plan.predict import predict
+
+    uplink = replace(hw.inter, bandwidth=hw.inter.bandwidth * hw.gpus_per_node / per_node)
+    hw = replace(hw, dtype_bytes=8, mixed_precision=False, cores=cores * per_node / cfg.ranks, busy=(), inter=uplink,
+                 gpus_per_node=per_node)
+    if tp_across:
+        hw = replace(hw, intra=hw.inter, inter=hw.intra)
+    return predict(Problem(minipar_gpt(cfg.model), cfg.ranks, per_node, hw, cfg.batch, overlap_dp=False), cfg)
+
+
+def probe_links(state) -> tuple:
+    """((alpha, beta) inside node 0, (alpha, beta) across the uplink): ping-pongs on the cluster."""
+    res = L.launch_on(state, "minipar.cluster.traffic:measure", per_node=2, n=256, ranks_per_node=2, fit=True).results
+    return tuple(res[0]["intra"]), tuple(res[0]["inter"])
+
+
+def placements(rate, cfg, compare=tuple(COMPARISONS), rounds: int = 2, hardware_file=None, progress=None):
+    """Each comparison of ``compare`` on a cluster of 2 nodes (2 ranks each at most) of its own
+    with uplinks at ``rate``; ``cfg`` a TrainConfig whose grid each comparison sets. All
     placements run in ``rounds`` interleaved rounds (the machine's speed drifts); per placement
-    the median step time after the first step of every round, and the bytes between nodes."""
+    the median step time after the first step of every round, the bytes between nodes (trace and
+    formula) and the planner's step time (and its parts) for the cluster's hardware file (written to
+    ``hardware_file`` if given, with the links measured on the cluster first)."""
+    from ..plan.hardware import hardware_from_dict, this_machine
+
+    machine = this_machine("float64")
     state = N.up(2, 2, rate)
-    runs = {name: [] for name in PLACEMENTS}
+    runs = {(c, p.name): [] for c in compare for p in COMPARISONS[c][1]}
     try:
+        intra, inter = probe_links(state)
+        file = cluster_hardware(rate, 2, intra, inter[0], machine)
+        if hardware_file:
+            write_json(hardware_file, file, label="wrote the cluster's hardware file")
         for _ in (progress(range(rounds)) if progress else range(rounds)):
-            for name, order in PLACEMENTS.items():
-                c = cfg.with_(order=order, ranks_per_node=2)
-                runs[name].append(L.launch_on(state, "minipar.bench.cluster:placement_rank", cfg=c).results)
+            for c in compare:
+                grid, options = COMPARISONS[c]
+                for p in options:
+                    run = placement_config(cfg, grid, p)
+                    on = list(range(run.ranks // p.per_node))
+                    runs[c, p.name].append((run, p, L.launch_on(state, "minipar.bench.cluster:placement_rank",
+                                                                per_node=p.per_node, on=on, cfg=run).results))
     finally:
         N.down(state)
+    hw = hardware_from_dict(file, "the cluster's hardware file")
     out = []
-    for name, res in runs.items():
-        times = [t for r in res for t in r[0]["step_times_s"][1:]]
-        out.append({"rate": rate, "placement": name, "order": PLACEMENTS[name], "step_s": statistics.median(times),
-                    "steps_timed": len(times), "inter_bytes": sum(x["inter"] for x in res[0]),
-                    "intra_bytes": sum(x["intra"] for x in res[0]), "losses": res[0][0]["losses"]})
+    for (c, name), res in runs.items():
+        run, p, first = res[0][0], res[0][1], res[0][2]
+        times = [t for _, _, r in res for t in r[0]["step_times_s"][1:]]
+        pred = predicted(run, p.per_node, hw, tp_across(run, p.per_node), machine.cores)
+        out.append({"rate": rate, "comparison": c, "placement": name, "order": p.order, "ranks": run.ranks,
+                    "ranks_per_node": p.per_node, "step_s": statistics.median(times), "steps_timed": len(times),
+                    "inter_bytes": sum(x["inter"] for x in first), "intra_bytes": sum(x["intra"] for x in first),
+                    "inter_bytes_formula": sum(x["want_inter"] for x in first),
+                    "intra_bytes_formula": sum(x["want_intra"] for x in first),
+                    "predicted_s": pred.step_time_s, "predicted_parts": pred.parts, "losses": first[0]["losses"]})
     return out
+
+
+def placement_table(records) -> str:
+    """The placement records as rows: step time measured and predicted, bytes between nodes
+    (trace; the formula's when it differs) and inside them."""
+    lines = [f"{'rate':>8} {'placement':>22} {'order':>12} {'ranks':>7} {'step ms':>8} {'predicted':>9} "
+             f"{'between nodes B':>16} {'inside B':>11}"]
+    for r in records:
+        inter = f"{r['inter_bytes']:,}" + ("" if r["inter_bytes"] == r["inter_bytes_formula"]
+                                           else f" (formula {r['inter_bytes_formula']:,})")
+        lines.append(f"{r['rate']:>8} {r['placement']:>22} {r['order']:>12} {r['ranks'] // r['ranks_per_node']:>3}x"
+                     f"{r['ranks_per_node']:<3} {1e3 * r['step_s']:8.0f} {1e3 * r['predicted_s']:9.0f} {inter:>16} "
+                     f"{r['intra_bytes']:11,}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # python -m minipar.bench.cluster RECORDS.json: the records as docs/cluster.md's table

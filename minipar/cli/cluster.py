@@ -7,7 +7,8 @@ started on them with the engines' own multi-node launchers (part of lesson 01).
     minipar cluster run --engine torch -- my_script.py               # torchrun --nnodes 2 ... on each node
     minipar cluster traffic                                           # uplink bytes vs the ring's formula
     minipar cluster bench --rates 100mbit 1gbit --json bench.json    # flat vs hierarchical vs MPI's own
-    minipar cluster placement --rates 100mbit 1gbit                  # lesson 05's trainer: TP inside vs across
+    minipar cluster placement --rates 100mbit 1gbit                  # lesson 05's trainer: placements, measured
+                                                                     # and predicted (minipar plan)
     minipar cluster down
 
 The technique is ``minipar.cluster``; the benchmark ``minipar.bench.cluster``.
@@ -15,6 +16,7 @@ The technique is ``minipar.cluster``; the benchmark ``minipar.bench.cluster``.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 
 from ..cluster import nodes as N
@@ -94,15 +96,21 @@ def add_verbs(verbs):
     b.add_argument("--reps", type=bounded(100, "each repetition at 100mbit takes a second per 8 MB"), default=3)
     b.add_argument("--json", type=output_path, help="write one record per (rate, algorithm) here")
     b.set_defaults(func=cmd_bench)
-    pl = sub.add_parser("placement", help="lesson 05's trainer on 2 nodes x 2 ranks: TP inside the nodes and DP "
-                                          "across, against TP across and DP inside (own clusters)",
-                        **with_example("minipar cluster placement --rates 100mbit 1gbit --json placement.json"))
+    pl = sub.add_parser("placement", help="lesson 05's trainer on 2 nodes: TP inside vs across, PP across vs TP "
+                                          "across, DDP across the link vs on one node; measured and predicted (own clusters)",
+                        **with_example("minipar cluster placement --rates 100mbit 1gbit --json placement.json "
+                                       "--hardware-file cluster.json"))
     pl.add_argument("--rates", type=rate, nargs="+", default=["100mbit"])
+    pl.add_argument("--compare", nargs="+", choices=("tp", "pp", "ddp"), default=["tp", "pp", "ddp"],
+                    help="tp: dp2 x tp2, TP inside vs across; pp: pp2 x tp2, PP across vs TP across; ddp: dp2 across "
+                         "the link vs on one node (default all)")
     pl.add_argument("--steps", type=bounded(100, "steps of each run"), default=4,
                     help="steps per run; the first is not timed (default 4)")
     pl.add_argument("--rounds", type=bounded(20, "interleaved rounds"), default=2,
                     help="runs of each placement, interleaved (default 2)")
     pl.add_argument("--json", type=output_path, help="write one record per (rate, placement) here")
+    pl.add_argument("--hardware-file", type=output_path, help="write the cluster's description for `minipar plan "
+                    "--hardware-file` here (with several rates, one file each: NAME-RATE.json)")
     pl.set_defaults(func=cmd_placement)
     for p in (u, r, t, b, pl, *verbs_here):
         p.set_defaults(validate=refuse_without_namespaces)
@@ -199,21 +207,27 @@ def cmd_bench(args):
 PLACEMENT_MODEL = dict(vocab=96, d_model=128, n_heads=4, n_layers=2, seq_len=32)  # ~0.4 M parameters, float64
 
 
+def hardware_path(path: str | None, rate: str, rates: list) -> str | None:
+    """Where the hardware file of ``rate`` goes: ``path``, or with several rates ``stem-RATE.ext``."""
+    if not path or len(rates) == 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}-{rate}{ext or '.json'}"
+
+
 def cmd_placement(args):
     from ..bench import cluster as B
     from ..train.model import GPTConfig
     from ..train.trainer import TrainConfig
 
-    cfg = TrainConfig(GPTConfig(**PLACEMENT_MODEL), dp=2, tp=2, steps=args.steps, batch=16)
-    print(f"dp=2 x tp=2 on 2 nodes x 2 ranks, GPT {PLACEMENT_MODEL}, batch 16, {args.steps} steps x "
+    cfg = TrainConfig(GPTConfig(**PLACEMENT_MODEL), steps=args.steps, batch=16)
+    print(f"{', '.join(args.compare)} on 2 nodes, GPT {PLACEMENT_MODEL}, batch 16, {args.steps} steps x "
           f"{args.rounds} rounds per placement; a cluster of its own per rate")
     records = []
     for r in args.rates:
-        records += B.placements(r, cfg, args.rounds, progress=lambda it: progress(it, desc=f"{r} rounds", unit="round"))
-    print(f"{'rate':>8} {'placement':>22} {'order':>12} {'step ms':>8} {'between nodes B':>16} {'inside B':>10}")
-    for rec in records:
-        print(f"{rec['rate']:>8} {rec['placement']:>22} {rec['order']:>12} {1e3 * rec['step_s']:8.0f} "
-              f"{rec['inter_bytes']:16,} {rec['intra_bytes']:10,}")
+        records += B.placements(r, cfg, args.compare, args.rounds, hardware_path(args.hardware_file, r, args.rates),
+                                progress=lambda it: progress(it, desc=f"{r} rounds", unit="round"))
+    print(B.placement_table(records))
     if args.json:
         write_json(args.json, records)
     return 0

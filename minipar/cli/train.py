@@ -104,6 +104,8 @@ def add_grid_options(p):
     p.add_argument("--lr", type=float_at_most(10.0, "Adam diverges long before"), default=3e-3, help="learning rate, > 0 and at most 10 (default 3e-3)")
     p.add_argument("--clip", type=positive_float, metavar="NORM",
                    help="clip the gradients to this global L2 norm before Adam, every parameter counted once (default: no clipping)")
+    p.add_argument("--clip-norm-type", choices=("2", "inf"), default="2",
+                   help="the clip's norm: 2, the L2 norm (default), or inf, the largest |gradient element| over every rank")
     p.add_argument("--dropout", type=float, default=0.0, metavar="P",
                    help="drop activations with probability P in [0, 1) after the embedding, after attention, after the "
                         "MLP and in its hidden layer, and the attention probabilities; each mask is a function of the "
@@ -118,7 +120,8 @@ def config_from(args) -> TrainConfig:
                        microbatches=args.microbatches, sequence_parallel=args.sequence_parallel,
                        recompute=args.recompute, zero=args.zero, steps=args.steps, batch=args.batch,
                        precision=args.precision or "fp64", lr=args.lr, data="sorting", cp=args.cp,
-                       cp_attention=args.cp_attention, clip=args.clip, dropout=args.dropout,
+                       cp_attention=args.cp_attention, clip=args.clip, clip_norm_type=float(args.clip_norm_type),
+                       dropout=args.dropout,
                        reshard=args.reshard, order=args.order, ranks_per_node=args.ranks_per_node,
                        **loss_scale_options(args))
 

@@ -23,13 +23,7 @@ node are always consecutive. Each node's namespace has its own ports, so 29500 i
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 
 from ..errors import UsageError
 from . import nodes as N
@@ -90,71 +84,28 @@ def run(state: dict, engine: str, argv: list[str], limit: float = 600, echo: boo
     if not N.existing(state):
         raise UsageError(f"cluster {state['id']} is gone (its namespaces do not exist): `minipar cluster down` "
                          "removes its state, `minipar cluster up` makes a new one")
+    from ..launcher import run_streaming
+
     env = job_env(state, engine)
     try:
         if engine == "mpi":
-            from ..launcher import run_streaming
-
             return run_streaming(mpiexec_command(state, argv, ranks_per_node), limit, echo=echo, env=env)
-        return _run_all(torchrun_commands(state, argv, ranks_per_node), limit, echo, env)
+        cmds = torchrun_commands(state, argv, ranks_per_node)
+        return run_streaming(cmds, limit, echo=echo, env=env, labels=[f"[node{i}] " for i in range(len(cmds))])
     finally:
         N.end_processes(state)  # a rank that outlived its launcher (a crash) ends here
-
-
-def _run_all(cmds, limit, echo, env):
-    """Start every command at once; the first to fail ends the others. (worst exit code, output
-    with each line prefixed by its node)."""
-    from ..launcher import ending_on_signals
-
-    lines = []
-
-    def pump(i, proc):
-        for line in proc.stdout:
-            lines.append(f"[node{i}] {line}")
-            if echo:
-                sys.stdout.write(lines[-1])
-                sys.stdout.flush()
-
-    with ending_on_signals():
-        procs, code = [], 0
-        try:
-            for c in cmds:
-                procs.append(subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                              start_new_session=True))
-            readers = [threading.Thread(target=pump, args=(i, p), daemon=True) for i, p in enumerate(procs)]
-            for t in readers:
-                t.start()
-            deadline = time.monotonic() + limit
-            while any(p.poll() is None for p in procs):
-                failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
-                if failed or time.monotonic() > deadline:
-                    code = failed[0] if failed else 124
-                    break
-                time.sleep(0.1)
-        finally:
-            for p in procs:
-                _end(p)
-        for t in readers:
-            t.join(timeout=5)
-        return code or max((p.returncode for p in procs), key=abs), "".join(lines)
-
-
-def _end(proc, grace=5.0):
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
 
 
 def launch_on(state: dict, target, /, *, per_node: int | None = None, on: list[int] | None = None,
               env: dict | None = None, **kwargs):
     """:func:`minipar.launch` on the cluster: ``target(comm, **kwargs)`` on ``per_node`` ranks
     (default: the cluster's ranks per node) of each node of ``on`` (default: every node), started
-    by :func:`mpiexec_command` (MPI backend), with ``env`` (default ``MPI_ENV``). Returns the LaunchResult."""
-    from ..launcher import launch
+    by :func:`mpiexec_command` (MPI backend), with ``env`` (default ``MPI_ENV``). Returns the LaunchResult.
+
+    A job that fails while a node of it is lost (its namespace deleted, its uplink down) raises
+    the LaunchError with the lost node and its ranks named first in its line: hydra ends a job whose
+    proxy died at once, with a line of its own that names neither."""
+    from ..launcher import LaunchError, launch
 
     r = per_node or state["ranks_per_node"]
     hosts = list(range(len(state["nodes"]))) if on is None else list(on)
@@ -162,5 +113,12 @@ def launch_on(state: dict, target, /, *, per_node: int | None = None, on: list[i
     try:
         return launch(r * len(hosts), target, via=lambda n, ranks: mpiexec_command(state, ranks, r, hosts),
                       env=MPI_ENV if env is None else env, **kwargs)
+    except LaunchError as err:
+        gone = N.lost(state)
+        said = [f"{state['nodes'][i]['host']} ({why}; ranks {', '.join(str(j * r + k) for k in range(r))})"
+                for j, i in enumerate(hosts) if (why := gone.get(i))]
+        if said:
+            err.line = f"lost {', '.join(said)}: {err.line}"
+        raise
     finally:
         N.end_processes(state)

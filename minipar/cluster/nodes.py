@@ -237,6 +237,18 @@ def end_processes(state: dict, grace: float = 3.0) -> int:
     return len(first)
 
 
+def lost(state: dict) -> dict:
+    """{node index: why} for each node that is gone: its namespace deleted, or its uplink down."""
+    have = set(existing(state))
+    out = {}
+    for i, node in enumerate(state["nodes"]):
+        if node["ns"] not in have:
+            out[i] = "its namespace is gone"
+        elif "state UP" not in _sh("ip", "-n", node["ns"], "link", "show", state["ifname"], check=False):
+            out[i] = "its uplink is down"
+    return out
+
+
 def down(state: dict) -> list[str]:
     """Remove the cluster: its processes, namespaces (with their links), hosts files, script and
     state file. Safe to repeat, and on a half-built cluster. Returns what it removed."""

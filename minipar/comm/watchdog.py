@@ -28,7 +28,10 @@ call for longer than ``timeout`` seconds, or inside a budget past its end, it *f
    agent then stops the rest). A job that never fires leaves nothing on disk.
 
 The folder must be visible to every rank: true on one host; across hosts each rank's report
-only reaches its own host's folder (the job still ends). It lives in ``$MINIPAR_WATCHDOG_DIR``
+only reaches its own host's folder (the job still ends). A rank still running ``ORPHANED``
+seconds after the owner removed the folder was not reached by the owner's abort (the owner's host
+is cut off, and its printed report with it): it prints one line of its own, what it waits on, and
+aborts the job itself. It lives in ``$MINIPAR_WATCHDOG_DIR``
 (``minipar.launch`` points that into its own temporary folder) or else the temp directory.
 
 The timeout defaults to 60 s; set it with ``minipar.init(watchdog=SECONDS)``, the
@@ -52,6 +55,10 @@ from ..trace import in_library, shown
 DEFAULT_TIMEOUT = 60.0
 POLL = 0.2
 GRACE = 3.0
+# a rank still alive this long after the owner printed its report (and removed the folder) was
+# not reached by the owner's abort: the owner's host is cut off (docs/cluster.md). It then prints
+# its own line and aborts the job itself, from its side.
+ORPHANED = 5.0
 # lesson drivers, inside the library, are written as a user would: their lines are the user's
 _USER_CODE_INSIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lessons")
 # the engines' and Python's own code (torch.distributed's ``work.wait()``, mpi4py, runpy) is not the user's either
@@ -108,6 +115,7 @@ class Watchdog:
         self.last_t = time.monotonic()
         self.finished = False
         self._seen = False  # this rank has seen a report folder: never create one again
+        self._gone = None  # when the folder another rank owned disappeared (its report printed)
         self._written = False
         self._main = threading.main_thread().ident
         if self.timeout > 0 and report_dir is not None:
@@ -166,6 +174,12 @@ class Watchdog:
                 self._seen = True
                 self._write_report()
                 continue
+            if self._seen:  # the owner printed the report: its abort should have ended this rank by now
+                self._gone = self._gone or time.monotonic()
+                if time.monotonic() - self._gone > ORPHANED:
+                    self._abort_alone()
+                    return
+                continue
             budget, now = self.budget, time.monotonic()
             if st is not None and not self._seen and now - st[1] > self.timeout:
                 why = (f"made no progress for {self.timeout:g} s (a deadlock, or a send/recv without its "
@@ -195,6 +209,16 @@ class Watchdog:
             os.replace(path + ".tmp", path)
         except OSError:
             pass  # the owner has already printed the report and removed the folder
+
+    def _abort_alone(self):
+        """The owner's abort did not reach this rank (its host cut off, whose output is lost too):
+        say, in one line, what this rank waits on, and end the job from here."""
+        sys.stderr.write(f"minipar watchdog: rank {self.rank}: another rank reported a blocked job {ORPHANED:g} s "
+                         f"ago, but its abort never came (its host cut off?); this rank is {self.describe()}. "
+                         f"Aborting the job.\n")
+        sys.stderr.flush()
+        time.sleep(1.0)
+        self.abort(3)
 
     def _collect_and_abort(self, why, hint):
         deadline = time.monotonic() + GRACE

@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from ..nn.functional import dropped
+from ..nn.functional import dropped, kept, matmul
 from ..xp import device, namespace
 
 
@@ -58,9 +58,9 @@ def allowed(q_pos, k_pos, valid, causal):
 def _scores(q, k, mask, scale):
     """s = q k^T * scale, masked entries -inf: (B, nh, tq, tk), the one score block alive."""
     xp = namespace(q)
-    s = (q @ xp.matrix_transpose(k)) * scale  # (B, nh, tq, tk)
+    s = kept(matmul(q, xp.matrix_transpose(k)) * scale, q)  # (B, nh, tq, tk); 16 bits: q's dtype
     if mask is not None:
-        s = xp.where(xp.asarray(mask, device=device(q)), s, -xp.inf)
+        s = kept(xp.where(xp.asarray(mask, device=device(q)), s, -xp.inf), q)
     return s
 
 
@@ -82,7 +82,7 @@ def block_attention(q, k, v, mask=None, scale=None, keep=None, rate=0.0):
     s = _scores(q, k, mask, scale)  # (B, nh, tq, tk)
     m = xp.max(s, axis=-1, keepdims=True)  # (B, nh, tq, 1)
     p = xp.exp(s - _finite(m))  # (B, nh, tq, tk), unnormalised
-    return dropped(p, keep, rate) @ v, m, xp.sum(p, axis=-1, keepdims=True)
+    return matmul(dropped(p, keep, rate), v), m, xp.sum(p, axis=-1, keepdims=True)
 
 
 def merge(a, b):
@@ -129,6 +129,6 @@ def block_attention_backward(q, k, v, dout, lse, delta, mask=None, scale=None, k
     xp = namespace(q)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     p = xp.exp(_scores(q, k, mask, scale) - lse)  # (B, nh, tq, tk), 0 where masked
-    dv = xp.matrix_transpose(dropped(p, keep, rate)) @ dout  # (B, nh, tk, hs)
-    ds = p * (dropped(dout @ xp.matrix_transpose(v), keep, rate) - delta) * scale  # (B, nh, tq, tk)
-    return ds @ k, xp.matrix_transpose(ds) @ q, dv  # dq (B, nh, tq, hs), dk, dv (B, nh, tk, hs)
+    dv = matmul(xp.matrix_transpose(dropped(p, keep, rate)), dout)  # (B, nh, tk, hs)
+    ds = kept(p * (dropped(matmul(dout, xp.matrix_transpose(v)), keep, rate) - delta) * scale, q)  # (B, nh, tq, tk)
+    return matmul(ds, k), matmul(xp.matrix_transpose(ds), q), dv  # dq (B, nh, tq, hs), dk, dv (B, nh, tk, hs)

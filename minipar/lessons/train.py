@@ -65,7 +65,7 @@ def label(cfg) -> str:
     extra += [cfg.dtype] if cfg.dtype != "float64" else []
     extra += ["Ulysses"] if cfg.cp > 1 and cfg.cp_attention == "ulysses" else []
     extra += [f"E={M.n_experts} top-{M.top_k} f={M.capacity_factor}"] if M.n_experts else []
-    extra += [f"clip {cfg.clip}"] if cfg.clip is not None else []
+    extra += [f"clip {cfg.clip}" + (" inf-norm" if cfg.clip_norm_type != 2.0 else "")] if cfg.clip is not None else []
     extra += [f"dropout {cfg.dropout}"] if cfg.dropout else []
     cp = f" cp{cfg.cp}" if cfg.cp > 1 else ""
     return f"dp{cfg.dp} pp{cfg.pp}{cp} tp{cfg.tp}" + (f" ({', '.join(extra)})" if extra else "")
@@ -157,7 +157,7 @@ def check_grids(comm, configs, steps=5, mutant=None):
     refs, rows = {}, []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=steps))
-        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip, cfg.dropout)
+        key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip, cfg.clip_norm_type, cfg.dropout)
         if cfg.model.n_experts:  # the routing groups follow the grid (train_reference)
             key += (cfg.dp, cfg.microbatches)
         if key not in refs:
@@ -213,9 +213,13 @@ def traced_step(sub, cfg, mutant=None):
     return got, want
 
 
-def check_accounting(comm, configs, mutant=None):
+def check_accounting(comm, configs, mutant=None, precisions=None):
     """Activation peak and bytes sent per group in one traced step, against the formulas of
-    ``minipar.train.accounting``, to the byte, on every rank of every configuration."""
+    ``minipar.train.accounting``, to the byte, on every rank of every configuration: in its own
+    ``precision``, or in each of ``precisions`` ("fp64", "fp32", "bf16", "fp16"; 16 bits: 2 bytes
+    an element, float32 for the cross-entropy's all-reduces and main_grad's dp and emb sums)."""
+    if precisions:
+        configs = [dict(kw, precision=p) for kw in configs for p in precisions]
     rows = []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=1))

@@ -23,30 +23,53 @@ from ..xp import device, is_torch, namespace, size
 def matmul(a, b):
     """a @ b, as a tensor core computes 16-bit matmuls: 16-bit inputs, float32 sums, a 16-bit
     output. NumPy has no BLAS for float16 (its own loop runs ~35x slower than float32 here), so
-    NumPy float16 operands are multiplied by float32 BLAS and the product rounded to float16.
-    Everything else (torch, whose 16-bit kernels do this already; ml_dtypes' bfloat16, whose
-    matmul sums and returns float32): a @ b."""
+    NumPy float16 operands are multiplied by float32 BLAS and the product rounded to float16;
+    ml_dtypes' bfloat16 matmul sums and returns float32, rounded to bfloat16 here. Everything
+    else (torch, whose 16-bit kernels do this already): a @ b."""
     if not is_torch(a) and a.dtype == np.float16:
         return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
-    return a @ b
+    return kept(a @ b, a)
+
+
+def kept(y, like):
+    """``y`` in ``like``'s dtype: each kernel here returns (and saves) its input's dtype, as a 16-bit
+    GPU kernel computes in float32 registers and writes 16 bits. Only NumPy's bfloat16 needs it
+    (ml_dtypes promotes bfloat16 with a Python float, and its matmul, to float32: the activations
+    kept and the tensors all-reduced would be float32, twice a real engine's bytes); a no-op for
+    every other dtype and for torch."""
+    if y is None or y.dtype == like.dtype:
+        return y
+    return namespace(y).astype(y, like.dtype)
+
+
+def wide(x):
+    """``x`` in float32 if it is NumPy's bfloat16, else ``x`` itself: a kernel's inputs in its
+    registers' dtype. ml_dtypes' own bfloat16 loops run 30x (a product) to 200x (tanh, exp) slower
+    than float32's; a kernel widens its inputs once and ``kept`` rounds its outputs."""
+    if not is_torch(x) and x.dtype.name == "bfloat16":
+        return x.astype(np.float32)
+    return x
 
 # --------------------------------------------------------------------------- linear
 
 
 def rows_matmul(x, w):
-    """x @ w with every leading position of x as one row of a single 2-D product:
-    (..., d_in) -> (N, d_in) @ (d_in, d_out) -> (..., d_out), N = product of the leading dims.
+    """x @ w, with a stack of single rows multiplied as one 2-D product:
+    (..., 1, d_in) -> (N, d_in) @ (d_in, d_out) -> (..., 1, d_out), N = product of the leading dims.
 
-    The same numbers as ``x @ w``, but NumPy runs a stacked (B, T, d_in) @ w as B separate
-    products, each reading all of w: a decode step at batch B (T = 1) would read the weights B
-    times and never become compute-bound (docs/inference.md, "Batch"). One (N, d_in) product
-    reads w once, as a GPU kernel does.
+    The same product as ``x @ w`` (its last bits may differ: a matrix-vector and a matrix-matrix
+    kernel add in different orders). NumPy runs a stacked (B, 1, d_in) @ w, a decode step at batch B,
+    as B matrix-vector products, each reading all of w: the step would read the weights B times
+    and never become compute-bound (docs/inference.md, "Batch"). One (B, d_in) product reads w
+    once, as a GPU kernel does. Stacks of longer sequences (T >= 32 rows each, training and
+    prefill) stay as they are: there OpenBLAS's per-sequence products measured as fast as one
+    folded product, or faster (0.73x-1.28x on this model's shapes).
     """
-    if x.ndim <= 2:
+    if x.ndim <= 2 or x.shape[-2] != 1:
         return matmul(x, w)
     xp = namespace(x)
     y = matmul(xp.reshape(x, (-1, x.shape[-1])), w)  # (N, d_out)
-    return xp.reshape(y, (*x.shape[:-1], w.shape[-1]))  # (..., d_out)
+    return xp.reshape(y, (*x.shape[:-1], w.shape[-1]))  # (..., 1, d_out)
 
 
 def linear_forward(x, w, b=None):
@@ -75,7 +98,8 @@ def linear_backward_weight(dy, ctx):
     xp = namespace(dy)
     x2 = xp.reshape(x, (-1, w.shape[0]))  # (N, d_in), N = product of leading dims
     dy2 = xp.reshape(dy, (-1, w.shape[1]))  # (N, d_out)
-    dw = matmul(xp.matrix_transpose(x2), dy2)  # (d_in, d_out)
+    x2, dy2 = wide(x2), wide(dy2)  # NumPy bf16: dw in float32, unrounded (Megatron's gradient-accumulation
+    dw = matmul(xp.matrix_transpose(x2), dy2)  # (d_in, d_out)   fusion writes it into float32 main_grad)
     db = xp.sum(dy2, axis=0) if has_bias else None  # (d_out,)
     return dw, db
 
@@ -92,16 +116,16 @@ def gelu_forward(x):
 
     Saved for backward: ctx = (x, tanh(u)).
     """
-    xp = namespace(x)
-    t = xp.tanh(_GELU_C * (x + _GELU_A * (x * x * x)))  # x*x*x: NumPy's float power is ~100x slower
-    return 0.5 * x * (1.0 + t), (x, t)
+    xp, xw = namespace(x), wide(x)
+    t = xp.tanh(_GELU_C * (xw + _GELU_A * (xw * xw * xw)))  # x*x*x: NumPy's float power is ~100x slower
+    return kept(0.5 * xw * (1.0 + t), x), (x, kept(t, x))
 
 
 def gelu_backward(dy, ctx):
     """dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)."""
-    x, t = ctx
+    x, t = (wide(a) for a in ctx)
     du = _GELU_C * (1.0 + 3.0 * _GELU_A * (x * x))
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
+    return kept(wide(dy) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), dy)
 
 
 # --------------------------------------------------------------------------- softmax
@@ -112,17 +136,17 @@ def softmax_forward(x, axis=-1):
 
     Saved for backward: ctx = (y, axis); the output is all the backward needs.
     """
-    xp = namespace(x)
-    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
-    y = e / xp.sum(e, axis=axis, keepdims=True)
+    xp, xw = namespace(x), wide(x)
+    e = xp.exp(xw - xp.max(xw, axis=axis, keepdims=True))
+    y = kept(e / xp.sum(e, axis=axis, keepdims=True), x)
     return y, (y, axis)
 
 
 def softmax_backward(dy, ctx):
     """dx = y * (dy - sum(dy * y)): the Jacobian diag(y) - y y^T applied without forming it."""
-    y, axis = ctx
-    xp = namespace(dy)
-    return y * (dy - xp.sum(dy * y, axis=axis, keepdims=True))
+    (y, axis), dyw = ctx, wide(dy)
+    xp, y = namespace(dy), wide(y)
+    return kept(y * (dyw - xp.sum(dyw * y, axis=axis, keepdims=True)), dy)
 
 
 # --------------------------------------------------------------------------- layernorm
@@ -133,12 +157,12 @@ def layernorm_forward(x, gamma, beta, eps=1e-5):
 
     Saved for backward: ctx = (xhat, rstd, gamma), xhat = (x - mean) * rstd, rstd = 1/sqrt(var + eps).
     """
-    xp = namespace(x)
-    mu = xp.mean(x, axis=-1, keepdims=True)  # (..., 1)
-    var = xp.mean((x - mu) ** 2, axis=-1, keepdims=True)  # (..., 1), biased like torch
+    xp, xw = namespace(x), wide(x)
+    mu = xp.mean(xw, axis=-1, keepdims=True)  # (..., 1)
+    var = xp.mean((xw - mu) ** 2, axis=-1, keepdims=True)  # (..., 1), biased like torch
     rstd = 1.0 / xp.sqrt(var + eps)  # (..., 1)
-    xhat = (x - mu) * rstd  # (..., C)
-    return xhat * gamma + beta, (xhat, rstd, gamma)
+    xhat = (xw - mu) * rstd  # (..., C)
+    return kept(xhat * wide(gamma) + wide(beta), x), (kept(xhat, x), kept(rstd, x), gamma)
 
 
 def layernorm_backward_input(dy, ctx):
@@ -148,22 +172,22 @@ def layernorm_backward_input(dy, ctx):
 
     the two mean terms are the gradient flowing back through the mean and through the variance.
     """
-    xhat, rstd, gamma = ctx
+    xhat, rstd, gamma = (wide(a) for a in ctx)
     xp = namespace(dy)
-    g = dy * gamma  # (..., C)
+    g = wide(dy) * gamma  # (..., C)
     mean_g = xp.mean(g, axis=-1, keepdims=True)  # (..., 1)
     mean_gx = xp.mean(g * xhat, axis=-1, keepdims=True)  # (..., 1)
-    return rstd * (g - mean_g - xhat * mean_gx)  # (..., C)
+    return kept(rstd * (g - mean_g - xhat * mean_gx), dy)  # (..., C)
 
 
 def layernorm_backward_weight(dy, ctx):
     """(dgamma, dbeta), each summed over every leading position."""
     xhat, _, gamma = ctx
-    xp = namespace(dy)
+    xp, dyw = namespace(dy), wide(dy)
     C = gamma.shape[0]
-    dgamma = xp.sum(xp.reshape(dy * xhat, (-1, C)), axis=0)  # (C,)
-    dbeta = xp.sum(xp.reshape(dy, (-1, C)), axis=0)  # (C,)
-    return dgamma, dbeta
+    dgamma = xp.sum(xp.reshape(dyw * wide(xhat), (-1, C)), axis=0)  # (C,)
+    dbeta = xp.sum(xp.reshape(dyw, (-1, C)), axis=0)  # (C,)
+    return kept(dgamma, dy), kept(dbeta, dy)
 
 
 def layernorm_backward(dy, ctx):
@@ -181,7 +205,7 @@ def attention_probs(q, k, scale, causal=True):
     positions (a rank that owns a slice of the queries passes the keys up to its last query).
     """
     xp = namespace(q)
-    att = matmul(q, xp.matrix_transpose(k)) * scale  # (B, nh, Tq, Tk)
+    att = wide(matmul(q, xp.matrix_transpose(k))) * scale  # (B, nh, Tq, Tk)
     if causal:
         Tq, Tk = q.shape[-2], k.shape[-2]
         i = xp.arange(Tq, device=device(q)) + (Tk - Tq)  # each query's position among the keys
@@ -189,13 +213,13 @@ def attention_probs(q, k, scale, causal=True):
         future = j[None, :] > i[:, None]  # (Tq, Tk), True above the (shifted) diagonal
         att = xp.where(future, -xp.inf, att)
     p, _ = softmax_forward(att, axis=-1)  # (B, nh, Tq, Tk)
-    return p
+    return kept(p, q)
 
 
 def dropped(x, keep, rate):
     """Dropout with its keep mask: x * keep / (1 - rate), what is kept scaled so that the
     expectation is x (``keep``: bools of x's shape, or None: x itself)."""
-    return x if keep is None else x * keep * (1.0 / (1.0 - rate))
+    return x if keep is None else kept(x * keep * (1.0 / (1.0 - rate)), x)
 
 
 def attention_forward(q, k, v, causal=True, keep=None, rate=0.0):
@@ -242,7 +266,7 @@ def attention_backward(dout, ctx, replay=None):
             keep = replay()  # (B, nh, T, T) bools, the forward's
     dv = matmul(xp.matrix_transpose(dropped(p, keep, rate)), dout)  # (B, nh, T, hs)
     dp = dropped(matmul(dout, xp.matrix_transpose(v)), keep, rate)  # (B, nh, T, T)
-    datt = softmax_backward(dp, (p, -1)) * scale  # (B, nh, T, T); (p, -1) is the softmax's ctx
+    datt = kept(wide(softmax_backward(dp, (p, -1))) * scale, dout)  # (B, nh, T, T); (p, -1) is the softmax's ctx
     dq = matmul(datt, k)  # (B, nh, T, hs)
     dk = matmul(xp.matrix_transpose(datt), q)  # (B, nh, T, hs)
     return dq, dk, dv

@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..nn import GeLU, Linear, Sequential, mse_loss
+from ..nn.functional import kept
 from ..trace import buffer
 from ..xp import chunk_bounds, contiguous
 from .schedules import Action, Schedule, inflight_profile, lockstep, validate
@@ -185,7 +186,7 @@ def run_schedule(comm, schedule: Schedule, stages, microbatches, targets, loss=m
                     li, dpred = loss(y, targets[i])
                     li = float(li) * scale
                     total = li if total is None else total + li
-                    dys[(s, i)] = dpred * scale
+                    dys[(s, i)] = kept(dpred * scale, dpred)  # (NumPy bfloat16 * a float is float32)
                 else:
                     send(y, dst, a)
             elif kind in "BI":

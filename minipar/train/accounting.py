@@ -5,7 +5,30 @@
 
 Notation (docs/train.md): b micro-batch rows, T tokens of a rank (the sequence length over cp),
 C width, H MLP width, a heads, V vocab, t = tp, Ts = T/t with sequence parallelism (else T),
-e bytes per element, m micro-batches.
+e bytes per element of the compute dtype (8, 4, or 2 in bf16 and fp16), f of the master dtype
+(8 in fp64, else 4), m micro-batches.
+
+In 16 bits (``--precision bf16 | fp16``) every activation kept and everything sent over tp, pp and
+cp is 16-bit (e = 2), as Megatron keeps them; three things are float32 (f = 4), as Megatron keeps
+them too:
+
+    the cross-entropy's two all-reduces over tp    the logits are cast to float32 before the
+        (the row maxima (b, T), then [sum exp,       vocab-parallel softmax (16-bit logits would
+        label logit] (2, b, T))                      lose the small probabilities), so its sums are
+    the dp reductions (DDP's all-reduce, ZeRO's    the gradients are float32 main_grad: every
+        reduce-scatter) and the tied embedding's     micro-batch's gradient is added into float32,
+        sum over emb                                 and reduced from there
+    (the weights ZeRO all-gathers are the 16-bit copies: e.)
+
+Where minipar differs from Megatron in 16 bits, and the formula follows minipar: with sequence
+parallelism the LayerNorms' weight gradients are all-reduced over tp inside each backward, in the
+compute dtype (e), where Megatron all-reduces their float32 main_grad once per step; and the cp
+attention core keeps its log-sum-exp in the compute dtype, where flash attention keeps it float32.
+The logits' gradient is kept in the compute dtype (cast back after the float32 softmax). NumPy's
+bfloat16 (ml_dtypes) promotes a matmul and any op with a Python float to float32; the kernels of
+``minipar.nn.functional`` return their input's dtype (``kept``), as a 16-bit GPU kernel computes in
+float32 registers and writes 16 bits: otherwise the bf16 run held float32 activations and
+all-reduced float32 over tp, twice these bytes, which no real engine does.
 
 Activations are counted per memory block (a view and its base once), as ``Trainer.sample``
 counts them: the forward contexts the executor keeps, and the output gradients it keeps for W.
@@ -21,12 +44,21 @@ from ..activations import block_input, drop_scores, minipar_block, minipar_ends
 from ..pipeline.schedules import make_schedule
 
 
+WORKING_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes of a weight in each compute dtype
+
+
+def master_bytes(cfg) -> int:
+    """Bytes of an element kept in the master dtype: 8 in float64, else 4 (float32, in a 16-bit run
+    too): main_grad and what reduces it (dp, emb), and the cross-entropy's all-reduces."""
+    return 8 if cfg.dtype == "float64" else 4
+
+
 def dims(cfg):
     M = cfg.model
     b = cfg.microbatch_size(cfg.batch)
     T = M.seq_len // cfg.cp  # my positions of each sequence
     Ts = T // cfg.tp if cfg.sequence_parallel else T
-    e = 8 if cfg.dtype == "float64" else 4
+    e = WORKING_BYTES[cfg.dtype]
     return b, T, Ts, M.d_model, M.hidden, M.n_heads, M.vocab, cfg.tp, e
 
 
@@ -121,9 +153,6 @@ def cp_layer_bytes(cfg) -> int:
     return per["forward"] * (2 if cfg.recompute == "full" else 1) + per["backward"]
 
 
-WORKING_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes of a weight in each compute dtype
-
-
 def unit_gathers(cfg, coords, stage, stepped=True) -> int:
     """All-gathers of one unit of pipeline ``stage`` per step on the rank at ``coords`` (ZeRO):
     one (ZeRO-1 and 2 after the update, none in a step fp16 skipped; ZeRO-3 before the first
@@ -154,7 +183,7 @@ def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None, stepped=True) -> 
     cp   per layer per micro-batch: the attention core's K/V traffic (``cp_layer_bytes``).
     """
     b, T, Ts, C, H, a, V, t, e = dims(cfg)
-    m, sp = cfg.microbatches, cfg.sequence_parallel
+    m, sp, f = cfg.microbatches, cfg.sequence_parallel, master_bytes(cfg)
     s = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
     S, p = s.total_stages, coords[1]
     mine = [k for k in range(S) if s.stage_to_rank[k] == p]
@@ -168,19 +197,19 @@ def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None, stepped=True) -> 
         tp += m * (ring("all_reduce", act, t, e) + (ring("all_gather", T * C, t, e) if sp else 0))
     if S - 1 in mine:  # head input: SP all-gather + reduce-scatter, else f's all-reduce; ln_f; loss
         tp += m * (ring("all_reduce", act, t, e) + (ring("all_reduce", 2 * C, t, e) if sp else 0)
-                   + ring("all_reduce", b * T, t, e) + ring("all_reduce", 2 * b * T, t, e))
+                   + ring("all_reduce", b * T, t, f) + ring("all_reduce", 2 * b * T, t, f))
     owner = s.stage_to_rank
     sends = sum(1 for k in mine if k < S - 1 and owner[k + 1] != p) + sum(1 for k in mine if k > 0 and owner[k - 1] != p)
     pp = m * sends * b * Ts * C * e
     d = cfg.dp * cfg.cp
     stages = unit_stages or [0] * len(unit_sizes or [])
-    eg, ew = (8, 8) if cfg.dtype == "float64" else (4, WORKING_BYTES[cfg.dtype])  # gradients (main_grad), weights
+    eg, ew = f, e  # gradients (main_grad), weights
     if cfg.zero:  # reduce-scatter the gradients, all-gather the weights
         dp = sum(ring("reduce_scatter", n, d, eg) + unit_gathers(cfg, coords, k, stepped) * ring("all_gather", n, d, ew)
                  for n, k in zip(unit_sizes or [], stages))
     else:
         dp = sum(ring("all_reduce", n, d, eg) for n in (unit_sizes or []))
-    emb = ring("all_reduce", V // t * C, 2, e) if cfg.pp > 1 and (0 in mine or S - 1 in mine) else 0
+    emb = ring("all_reduce", V // t * C, 2, f) if cfg.pp > 1 and (0 in mine or S - 1 in mine) else 0
     return {"tp": tp, "pp": pp, "dp": dp, "emb": emb, "cp": m * layers * cp_layer_bytes(cfg)}
 
 

@@ -39,6 +39,7 @@ class TrainConfig(Layout):
     data_seed: int = 1
     cp_attention: str = "ring"  # the attention core over cp: "ring" or "ulysses"
     clip: float | None = None  # clip the gradients to this global L2 norm before Adam (None: no clipping)
+    clip_norm_type: float = 2.0  # the clip's norm: 2.0 (L2) or inf (the largest |gradient element|), torch's norm_type
     dropout: float = 0.0  # p of every dropout site (minipar.nn.dropout: the same masks on every grid)
     loss_scale: str = "dynamic"  # fp16: "dynamic" (the only one it accepts) or "static"
     initial_scale: float = 2.0**16  # fp16: the loss scale of the first step (torch.amp.GradScaler's default)
@@ -85,6 +86,8 @@ def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
     if cfg.clip is not None and (isinstance(cfg.clip, bool) or not isinstance(cfg.clip, (int, float))
                                  or not 0 < cfg.clip < float("inf")):
         raise UsageError(f"--clip={cfg.clip!r}: the largest global gradient norm, a number > 0")
+    if cfg.clip_norm_type not in (2.0, float("inf")) or isinstance(cfg.clip_norm_type, bool):
+        raise UsageError(f"--clip-norm-type={cfg.clip_norm_type!r}: choose 2 (the L2 norm) or inf (the largest element)")
     if isinstance(cfg.dropout, bool) or not isinstance(cfg.dropout, (int, float)) or not 0 <= cfg.dropout < 1:
         raise UsageError(f"--dropout={cfg.dropout!r}: the probability of dropping an activation, in [0, 1)")
     policy(cfg.precision)  # a UsageError for an unknown one

@@ -96,8 +96,8 @@ class GPTStage(nn.Module):
     compute = None
 
     def _round(self, x):
-        """``x`` in the compute dtype (NumPy's bfloat16 ops return float32: the stage's output is
-        rounded once, here); unchanged outside mixed precision."""
+        """``x`` in the compute dtype (a guard: the kernels of ``nn.functional`` keep their input's
+        dtype, NumPy's bfloat16 too); unchanged outside mixed precision."""
         if self.compute is None or x is None or x.dtype == self.compute:
             return x
         return namespace(x).astype(x, self.compute)

@@ -37,6 +37,15 @@ Clipping by the global gradient norm (``clip``), which must count every paramete
     clip_every_replica     DDP's averaged gradient counted on every dp replica: dp times
     clip_skipped_on_one_rank  the last rank computes the norm but steps unclipped: its weights
                            drift from the others' (losses, parameters, replicas)
+    clip_pp_sum_missing    the sum of squares added over tp and dp but not over pp: every stage
+                           clips by its own layers' norm (gradient norm, losses, parameters)
+    clip_before_dp_average each replica clips its own gradient by its own norm, then DDP averages:
+                           the norm of a replica, not of the average (gradient norm, losses)
+    clip_zero_shards_not_summed  ZeRO-1/2/3: each rank's norm from its own gradient shard, the
+                           sum over the dp x cp ranks, whose shards the others are, missing: every
+                           shard clipped by another factor (gradient norm, losses, parameters)
+    clip_inf_summed        ``clip_norm_type`` inf: each rank's largest |element| added over the
+                           ranks instead of the max taken (gradient norm, losses, parameters)
 
 Dropout (``dropout``), whose masks must be one process's on every grid:
 
@@ -66,6 +75,12 @@ Mixed precision (``precision`` fp16), whose overflow must make every rank skip t
     main_grad_16_bit       (bf16, fp16) the gradients accumulated and reduced in the 16-bit dtype,
                            not float32: small micro-batch gradients round away (the gradient
                            dtype, and the bytes per parameter against the planner's table)
+    activation_in_float32  (bf16, fp16) every LayerNorm keeps its normalized input xhat in float32,
+                           as a kernel that promotes a 16-bit input does: 2 more bytes an element
+                           held to the backward ("activation bytes at the peak")
+    loss_in_compute_dtype  (bf16, fp16) the cross-entropy on the 16-bit logits, not on a float32
+                           copy: its two all-reduces over tp in 2 bytes an element, not 4 ("tp
+                           bytes per step"; and the softmax loses its small probabilities)
 
 ZeRO-2/3 (``zero``), whose gradients are reduce-scattered once per step, after the flush:
 
@@ -82,18 +97,22 @@ They patch the library inside the rank that runs them (tests and the lab's grade
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
 from ..collectives import all_gather, all_reduce, reduce_scatter
-from ..xp import contiguous, like_kind, namespace
+from ..optim import clip_scale
+from ..xp import contiguous, dtype_named, like_kind, namespace, to_numpy
 
 MUTANTS = ("tied_not_summed", "dp_sync_per_microbatch", "local_max", "dp_wrong_axis", "selective_keeps_probs",
            "local_argmax", "cp_grads_not_summed", "cp_position_offset", "cp_gathered_kv", "experts_averaged",
            "experts_everywhere", "recompute_counted", "clip_replicated_per_tp", "clip_tied_twice",
-           "clip_every_replica", "clip_skipped_on_one_rank", "dropout_shared_in_tp", "dropout_per_rank_seed",
+           "clip_every_replica", "clip_skipped_on_one_rank", "clip_pp_sum_missing", "clip_before_dp_average",
+           "clip_zero_shards_not_summed", "clip_inf_summed", "dropout_shared_in_tp", "dropout_per_rank_seed",
            "dropout_replay_redraws", "dropout_probs_local_head", "dropout_probs_local_key",
-           "dropout_embed_per_rank", "overflow_seen_locally", "main_grad_16_bit", "zero_reduce_per_microbatch",
+           "dropout_embed_per_rank", "overflow_seen_locally", "main_grad_16_bit",
+           "activation_in_float32", "loss_in_compute_dtype", "zero_reduce_per_microbatch",
            "zero3_context_keeps_weights")
 
 
@@ -177,6 +196,24 @@ def planted(name):
         original = trainer.Trainer.scale_grads
         patch(trainer.Trainer, "scale_grads",
               lambda self, scale: None if self.comm.rank == self.comm.size - 1 else original(self, scale))
+    elif name == "clip_pp_sum_missing":
+        patch(trainer.Trainer, "grad_norm", lambda self: norm_within(self, self.grid.coords[1], self.cfg.pp))
+    elif name == "clip_before_dp_average":
+        sync = trainer.Trainer.sync_dp
+
+        def clip_then_sync(self):
+            with planted("clip_every_replica"):  # before the average, every replica's gradient is its own
+                self._norm = norm_within(self, replica(self), self.cfg.dp * self.cfg.cp)
+            self.scale_grads(clip_scale(self._norm, self.cfg.clip))
+            sync(self)
+
+        patch(trainer.Trainer, "sync_dp", clip_then_sync)
+        patch(trainer.Trainer, "clip_grads", lambda self: self._norm)
+    elif name == "clip_zero_shards_not_summed":
+        patch(trainer.Trainer, "grad_norm", lambda self: norm_within(self, replica(self), self.cfg.dp * self.cfg.cp))
+    elif name == "clip_inf_summed":
+        patch(trainer.Trainer, "grad_norm", lambda self: float(to_numpy(all_reduce(
+            self.comm, self.comm.asarray(np.array([self.largest_here()]))))[0]))
     elif name == "dropout_shared_in_tp":
         def mask(self, like):  # my shard's mask drawn at columns 0 ... hi-lo: TP rank 0's, on every TP rank
             cols = None if self.cols is None else (0, self.cols[1] - self.cols[0])
@@ -211,6 +248,19 @@ def planted(name):
 
         init = engine.Engine.__init__
         patch(engine.Engine, "__init__", lambda self, *a, main_grad=False, **kw: init(self, *a, main_grad=False, **kw))
+    elif name == "activation_in_float32":
+        from ..nn import functional
+
+        layernorm = functional.layernorm_forward
+
+        def layernorm_forward(x, gamma, beta, eps=1e-5):
+            y, (xhat, rstd, g) = layernorm(x, gamma, beta, eps)
+            wide = namespace(x).astype(xhat, dtype_named("float32", x)) if x.dtype.itemsize == 2 else xhat
+            return y, (wide, rstd, g)
+
+        patch(functional, "layernorm_forward", layernorm_forward)
+    elif name == "loss_in_compute_dtype":
+        patch(trainer, "loss_in_master", lambda loss, logits, labels, pol, scale=1.0: loss_scaled(loss(logits, labels), scale))
     elif name == "zero_reduce_per_microbatch":
         from ..zero import ZeRO2
 
@@ -246,6 +296,27 @@ def planted(name):
     finally:
         for obj, attr, value in reversed(saved):
             setattr(obj, attr, value)
+
+
+def loss_scaled(value_and_grad, scale):
+    """(loss, its gradient times ``scale``), in the gradient's dtype."""
+    from ..nn.functional import kept
+
+    value, d = value_and_grad
+    return value, kept(d * scale, d)
+
+
+def replica(tr) -> int:
+    """The index of the rank's dp x cp replica (0 ... dp*cp - 1): the ranks of one model copy share it."""
+    return tr.grid.coords[0] * tr.cfg.cp + tr.grid.cp_rank
+
+
+def norm_within(tr, key: int, n: int) -> float:
+    """sqrt of the sum of ``tr.squares_here()`` over the ranks whose ``key`` (0 ... n-1) is this
+    rank's only: one all-reduce over the world of an n-vector, each rank's sum in its key's slot."""
+    v = np.zeros(n)
+    v[key] = tr.squares_here()
+    return math.sqrt(float(to_numpy(all_reduce(tr.comm, tr.comm.asarray(v)))[key]))
 
 
 def _positions_first(x):  # (B, nh, t, hs) -> (t, B, nh, hs), contiguous: all_gather works on axis 0

@@ -39,14 +39,14 @@ How the numbers are computed on each backend (``compute_dtype``):
 - torch: bfloat16 and float16 are native; a matmul takes 16-bit inputs, accumulates in float32
   inside the kernel, and rounds its output to 16 bits: what a GPU's tensor cores do.
 - NumPy: float16 is native (NumPy's own loops, no BLAS: slow, correct). bfloat16 comes from
-  ``ml_dtypes``, whose matmul takes bfloat16 inputs and accumulates *and returns* float32 (as a
-  tensor core before the rounding of its output), and whose arithmetic with a Python float is
-  float32 too. Rather than write a bfloat16 kernel per op, each stage rounds what it hands on
-  (its output forward, its input gradient backward) to bfloat16 (``GPTStage.compute``): the
-  weights, what crosses the pipeline and what is stored between stages are bfloat16, the
-  arithmetic inside a layer float32. So NumPy's bfloat16 run is *more* precise than torch's; the
-  tolerances (docs/train.md) hold for both, and each backend is compared with a one-process run
-  that computes the same way.
+  ``ml_dtypes``, whose matmul takes bfloat16 inputs and accumulates *and returns* float32, and
+  whose arithmetic with a Python float is float32 too. Each kernel of ``minipar.nn.functional``
+  therefore widens its bfloat16 inputs to float32 once (``wide``: ml_dtypes' own bfloat16 loops are
+  30x to 200x slower) and rounds its outputs to bfloat16 (``kept``), as a fused GPU kernel computes
+  in float32 registers and writes 16 bits: every activation kept, every tensor all-reduced over tp
+  and every message between stages is bfloat16, at the rounding points of torch's kernels (the bytes
+  of ``minipar.train.accounting``, to the byte). Each stage still rounds what it hands on
+  (``GPTStage.compute``), a no-op once the kernels keep their dtype.
 - The loss: the logits are cast to float32 before the (vocab-parallel) cross-entropy, as
   Megatron does; its gradient, times the loss scale, is cast back to the compute dtype.
 """

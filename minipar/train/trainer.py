@@ -321,15 +321,29 @@ class Trainer:
             return False
         return name in module.sharded or self.grid.coords[2] == 0
 
-    def grad_norm(self) -> float:
-        """The global L2 norm of the model's gradient, every parameter counted once: each engine
-        says which part of its averaged gradients this rank answers for (DDP: one replica of the
-        dp x cp group, ZeRO-1: every rank its shard; the experts' engine: the owner), and
-        ``counted_here`` which of those the tp and pp axes count; then one all-reduce of the
-        sum of squares over every rank."""
-        mine = sum((float(namespace(g).sum(g * g)) for e in self.engines for module, name, g in e.grad_pieces()
+    def squares_here(self) -> float:
+        """This rank's part of the gradient's sum of squares: each engine says which part of its
+        averaged gradients this rank answers for (DDP: one replica of the dp x cp group, ZeRO-1/2/3:
+        every rank its shard; the experts' engine: the owner), and ``counted_here`` which of those
+        the tp and pp axes count."""
+        return sum((float(namespace(g).sum(g * g)) for e in self.engines for module, name, g in e.grad_pieces()
                     if self.counted_here(module, name)), 0.0)  # a float64 even when this rank counts nothing
-        total = all_reduce(self.comm, self.comm.asarray(np.array([mine], dtype=np.float64)))  # (1,): the sum over ranks
+
+    def largest_here(self) -> float:
+        """The largest |element| of the gradients this rank answers for (``squares_here``'s pieces;
+        an element counted twice would not change a max, but the pieces are the same)."""
+        return max((float(namespace(g).max(namespace(g).abs(g))) for e in self.engines
+                    for module, name, g in e.grad_pieces() if self.counted_here(module, name)), default=0.0)
+
+    def grad_norm(self) -> float:
+        """The global norm of the model's gradient, every parameter counted once: the sum over
+        every rank of ``squares_here``, one all-reduce; with ``clip_norm_type`` inf the max over
+        every rank of ``largest_here``, one all-reduce (max)."""
+        if self.cfg.clip_norm_type == math.inf:
+            mine = self.comm.asarray(np.array([self.largest_here()], dtype=np.float64))
+            return float(all_reduce(self.comm, mine, op="max")[0])
+        mine = np.array([self.squares_here()], dtype=np.float64)
+        total = all_reduce(self.comm, self.comm.asarray(mine))  # (1,): the sum over ranks
         return math.sqrt(float(total[0]))
 
     def scale_grads(self, scale: float):
@@ -513,7 +527,7 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
         if draw is not None:
             draw.at(step=step, rows=rows)  # the global row of each of the batch's rows, in their order here
         loss, norm, stepped = dense_step(model, opt, data.batch(step, cfg.batch, cfg.model.seq_len)[rows], cfg.clip,
-                                         pol, scaler)
+                                         pol, scaler, cfg.clip_norm_type)
         if norms is not None and stepped:
             norms.append(norm)
         if skipped is not None and not stepped:
@@ -541,10 +555,10 @@ class MasterAdam:
             opt.step(p, g)
 
 
-def dense_step(model, opt, ids, clip=None, pol=None, scaler=None):
+def dense_step(model, opt, ids, clip=None, pol=None, scaler=None, norm_type=2.0):
     """One step of the dense GPT on token ids (B, T+1) in one process: forward, cross-entropy,
     backward, [fp16: unscale, or skip on an overflow], [clipping by the global norm, as torch's
-    ``clip_grad_norm_(max_norm=clip)``], Adam. Returns (the loss, the gradient norm before
+    ``clip_grad_norm_(max_norm=clip, norm_type=norm_type)``], Adam. Returns (the loss, the gradient norm before
     clipping or None, whether it stepped: fp16 skips a step with an overflow): the loss is the
     cross-entropy; MoE aux losses are in the layers' logs."""
     model.zero_grad()
@@ -563,6 +577,6 @@ def dense_step(model, opt, ids, clip=None, pol=None, scaler=None):
         scaler.update(inf)
         if inf:
             return loss, None, False
-    norm = clip_grad_norm(grads, clip) if clip is not None else None  # every parameter is here once
+    norm = clip_grad_norm(grads, clip, norm_type) if clip is not None else None  # every parameter is here once
     opt.step(grads)
     return loss, norm, True
