@@ -6,6 +6,8 @@ docs/planner_validation.md), not a test: it takes minutes and depends on the mac
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -161,7 +163,8 @@ def test_spearman_and_kendall_by_hand():
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(np.corrcoef([1, 2.5, 2.5, 4], [1, 2, 3, 4])[0, 1])
 
 
-@pytest.mark.parametrize("argv, needle", [(["--steps", "0"], "--steps"), (["--machine", "/nonexistent.json"], "--machine")])
+@pytest.mark.parametrize("argv, needle", [(["--steps", "0"], "--steps"), (["--machine", "/nonexistent.json"], "--machine"),
+                                         (["--table", "/nonexistent.json"], "--table"), (["--table", __file__], "--table")])
 def test_bench_plan_refuses_bad_arguments_in_one_line(argv, needle, capsys):
     from minipar.bench.plan import main
 
@@ -187,3 +190,139 @@ def test_every_leaf_of_the_rule_of_thumb_names_what_minipar_runs():
         leaves |= set(rule)
     assert "+ Memory-Centric Tiling" in leaves and "ZeRO-3 + Memory-Centric Tiling" in leaves
     assert leaves <= set(RUNS) and len(leaves) == len(RUNS)
+
+
+# --------------------------------------------------------------------------- the measured operations
+
+
+OPS_MODEL = dict(vocab=96, d_model=64, n_heads=8, seq_len=32)
+
+
+def ops_record(ranks=8):
+    """A tiny synthetic record: one block's forward/backward and the ends' at two sizes, on 8 ranks."""
+    rows = [dict(ranks=ranks, tp=2, b=4, block_f=1e-3, block_b=2e-3, ends_f=4e-4, ends_b=5e-4),
+            dict(ranks=ranks, tp=2, b=8, block_f=3e-3, block_b=5e-3, ends_f=6e-4, ends_b=9e-4)]
+    return {"model": OPS_MODEL, "rows": rows, "adam": {str(ranks): {"overhead": 1e-4, "per_param": 2e-8}}}
+
+
+def test_op_seconds_by_hand():
+    from minipar.plan.machine import op_seconds
+
+    ops = ops_record()
+    assert op_seconds(ops, 8, 2, 4) == dict(block_f=1e-3, block_b=2e-3, ends_f=4e-4, ends_b=5e-4)
+    mid = op_seconds(ops, 8, 2, 6)  # halfway along the line through b = 4 and b = 8
+    assert mid["block_f"] == pytest.approx(2e-3) and mid["ends_b"] == pytest.approx(7e-4)
+    assert op_seconds(ops, 8, 2, 16)["block_b"] == pytest.approx(2e-3 + 3 * 3e-3)  # on past b = 8
+    assert op_seconds(ops, 8, 4, 4) is None and op_seconds(ops, 4, 2, 4) is None  # never measured: the FLOP model
+
+
+def test_a_ring_steps_transfer_is_its_shortest_time_on_any_rank_of_the_group():
+    """Rank 0 reached both steps first and waited (4 s, 3 s); its partner arrived last (1 s, 0.5 s):
+    the transfers are 1 + 0.5 s on both; a compute event and the collective around the steps are
+    not steps, and a step's overlapping isend and irecv are one. Summing a rank's own waits instead (4 + 3 s) would charge its partner's compute to
+    the link."""
+    from types import SimpleNamespace
+
+    from minipar.plan.machine import transfer_seconds
+    from minipar.trace import Event
+
+    mine = [Event(0, "collective", "all_reduce:ring", 0.0, 7.0, 8, -1), Event(0, "sendrecv", "tp", 0.0, 4.0, 8, 1),
+            Event(0, "compute", "tp", 4.0, 5.0, 0, -1), Event(0, "irecv", "tp", 5.0, 7.5, 8, 1),
+            Event(0, "isend", "tp", 5.0, 8.0, 8, 1)]  # one step: its isend and irecv overlap
+    partner = [1.0, 0.5]  # its steps' durations
+    group = SimpleNamespace(size=2, builtin=SimpleNamespace(allgather_object=lambda d: [d, partner]))
+    assert transfer_seconds(group, mine) == pytest.approx(1.5)
+    assert transfer_seconds(SimpleNamespace(size=1), mine) == 0.0  # a group of one sends nothing
+
+
+def test_the_ops_apply_to_the_same_gpt_at_any_depth_only():
+    from minipar.plan.machine import ops_apply
+    from minipar.plan.models import minipar_gpt
+    from minipar.train.model import GPTConfig
+
+    ops = ops_record()
+    assert ops_apply(ops, minipar_gpt(GPTConfig(**OPS_MODEL, n_layers=8)))
+    assert ops_apply(ops, minipar_gpt(GPTConfig(**OPS_MODEL, n_layers=3)))
+    assert not ops_apply(ops, minipar_gpt(GPTConfig(**{**OPS_MODEL, "d_model": 32}, n_layers=8)))
+    assert not ops_apply({}, minipar_gpt(GPTConfig(**OPS_MODEL, n_layers=8)))
+
+
+def test_measured_ops_priced_by_hand_on_a_pipeline_grid():
+    """dp2 pp2 tp2 on 8 ranks (b = 4, m = 4, 4 blocks a stage): compute = m (4 (F + B) + ends) from
+    the record, the optimizer FlatAdam's line at the rank's parameters; a planner that ignores
+    the record (the large matmul's rate) gives other numbers, and without the oversubscription
+    model every measured second is scaled to a core of its own (x 2 cores / 8 ranks)."""
+    hw = replace(machine(), ops=ops_record())
+    cfg = train_config(2, 2, 2)
+    assert cfg.microbatch_size(cfg.batch) == 4 and cfg.microbatches == 4
+    p = predict_run(cfg, hw)
+    assert p.parts["compute"] == pytest.approx(4 * (4 * (1e-3 + 2e-3) + 4e-4 + 5e-4), rel=1e-12)
+    psi = max(p.memory_bytes["params"], 0) / 8  # float64: the rank's parameters
+    assert p.parts["optimizer"] == pytest.approx(1e-4 + 2e-8 * psi, rel=1e-12)
+    old = predict_run(cfg, machine())
+    assert abs(old.parts["compute"] / p.parts["compute"] - 1) > 0.5  # the FLOP model: another number
+    naive = predict_run(cfg, replace(hw, oversubscription=False))
+    assert naive.parts["compute"] == pytest.approx(p.parts["compute"] * 2 / 8, rel=1e-12)
+    full = predict_run(train_config(2, 2, 2, recompute="full"), hw)  # full recomputation: F again inside B
+    assert full.parts["compute"] == pytest.approx(4 * (4 * (1e-3 + 2e-3 + 1e-3) + 4e-4 + 5e-4), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- a recorded run, predicted again
+
+RECORDED = os.path.join(os.path.dirname(__file__), "..", "docs", "planner_here_load.json")
+
+
+def recorded_predictions(record: dict, tmp_path, name: str):
+    """Every grid of the recorded run predicted again from ``record`` (a machine record): {grid: s}."""
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(record))
+    hw = this_machine("float64", str(path))
+    out = {}
+    for r in json.loads(open(RECORDED).read())["rows"]:
+        dp, pp, tp = (int(x[2:]) for x in r["grid"].split())
+        out[r["grid"]] = predict_run(train_config(dp, pp, tp), hw).step_time_s
+    return out
+
+
+def test_a_recorded_run_is_predicted_from_its_machine_record_and_the_mutants_miss_it(tmp_path):
+    """The run's table comes from its own machine record (predicted again: the same seconds), and
+    the doc's table is the table ``--table`` prints from the run. Two planted errors lose grids
+    the measured operations predict within +-25%: the large matmul's rate in place of the
+    operations (the record without ``ops``), and a record missing the oversubscription measurement
+    (no oversubscribed links, every operation at a core's speed: cores / ranks of its time)."""
+    from minipar.bench.plan import table
+
+    run = json.loads(open(RECORDED).read())
+    rows = {r["grid"]: r for r in run["rows"]}
+    again = recorded_predictions(run["machine"], tmp_path, "same")
+    assert all(again[g] == pytest.approx(rows[g]["predicted_s"], rel=1e-9) for g in rows)
+    ok = {g for g, r in rows.items() if abs(r["predicted_s"] / r["measured_s"] - 1) <= 0.25}
+    assert len(ok) == run["summary"]["all grids"]["within_25"]
+
+    def lost(record, name):
+        pred = recorded_predictions(record, tmp_path, name)
+        return {g for g in ok if abs(pred[g] / rows[g]["measured_s"] - 1) > 0.25}
+
+    assert lost({k: v for k, v in run["machine"].items() if k != "ops"}, "peak_rate")  # BUG: the large matmul's rate
+    ops, cores = run["machine"]["ops"], run["machine"]["cores"]
+    solo = dict(run["machine"], oversubscribed={},  # BUG: the cores not shared: each rank's ops at a core's speed
+                ops=dict(ops, rows=[{**r, **{k: r[k] * min(1, cores / r["ranks"]) for k in ("block_f", "block_b", "ends_f", "ends_b")}}
+                                    for r in ops["rows"]]))
+    assert lost(solo, "solo")
+    doc = open(os.path.join(os.path.dirname(RECORDED), "planner_validation.md")).read()
+    assert table(run) in doc
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_the_op_probe_runs_the_trainers_layers_on_k_ranks_and_takes_the_tp_collectives_out():
+    """Two ranks, a group of one and a group of two: every shape timed, positive; only the
+    group that talks has communication taken out (its ``block_comm``); FlatAdam's line too.
+    Nothing about the seconds themselves is asserted: they are this machine's, at this moment."""
+    from minipar.plan.machine import measure_ops
+
+    ops = measure_ops(OPS_MODEL, [(2, 1, 2), (2, 2, 2), (2, 2, 4)], seconds=0.001)
+    assert [(r["ranks"], r["tp"], r["b"]) for r in ops["rows"]] == [(2, 1, 2), (2, 2, 2), (2, 2, 4)]
+    assert all(r[k] > 0 for r in ops["rows"] for k in ("block_f", "block_b", "ends_f", "ends_b"))
+    assert ops["rows"][0]["block_comm"] == [0.0, 0.0] and all(c > 0 for r in ops["rows"][1:] for c in r["block_comm"])
+    assert set(ops["adam"]) == {"2"} and ops["adam"]["2"]["per_param"] > 0

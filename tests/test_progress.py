@@ -118,7 +118,7 @@ def test_bench_machine_leaves_the_committed_record_alone_unless_told(tmp_path, m
     before, committed = status(), pathlib.Path(M.MACHINE_FILE).read_bytes()
     asked = []
 
-    def measure(n, path=None):  # the ranks' measurement, without the ranks; writes only under tmp_path
+    def measure(n, path=None, ops=None, progress=None):  # the ranks' measurement, without the ranks; writes only under tmp_path
         asked.append(path)
         if str(path).startswith(str(tmp_path)):
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -30,6 +30,7 @@ all grids and over the 8-rank ones, and the three fastest of each.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 
@@ -87,14 +88,48 @@ def ranking(rows, key="predicted_s") -> dict:
             "top3_predicted": top(pred), "grids": len(rows)}
 
 
+def within(rows, key="predicted_s", tolerance=0.25) -> int:
+    """How many of ``rows`` are predicted within +-``tolerance`` of the measured step time."""
+    return sum(abs(r[key] / r["measured_s"] - 1) <= tolerance for r in rows)
+
+
+PART_NAMES = {"compute": "compute", "tp_comm": "tp comm", "pp_bubble": "pp bubble", "dp_comm": "dp comm",
+              "optimizer": "optimizer"}
+
+
+def table(res: dict) -> str:
+    """The tables of docs/planner_validation.md's section on this machine, from a recorded run
+    (``--json``): a row per grid, then the ranking."""
+    lines = ["| grid | ranks | measured s/step | predicted | pred/meas | large-matmul rate pred/meas | "
+             "no-oversub pred/meas | predicted parts (s) | memory, worst rank (MiB) | memory exact |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        m = r["measured_s"]
+        parts = ", ".join(f"{PART_NAMES[k]} {r['parts'][k]:.3f}" for k in PART_NAMES if r["parts"].get(k, 0) >= 5e-4)
+        lines.append(f"| {r['grid']} | {r['ranks']} | {m:.3f} | {r['predicted_s']:.3f} | {r['predicted_s'] / m:.2f} | "
+                     f"{r['peak_rate_s'] / m:.2f} | {r['no_oversubscription_s'] / m:.2f} | {parts} | "
+                     f"{r['memory_measured'] / 2**20:.2f} | {'yes' if r['memory_exact'] else 'NO'} |")
+    lines += ["", "| grids | within +-25% (large-matmul rate) | median abs error | Spearman | Kendall | "
+              "without the oversubscription model (rho / tau) | three fastest, measured | three fastest, predicted |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, s in res["summary"].items():
+        label = f"all {s['model']['grids']}" if name == "all grids" else f"the {s['model']['grids']} with 8 ranks"
+        lines.append(f"| {label} | {s['within_25']} ({s['peak_rate_within_25']}) | {s['median_abs_error']:.0%} | "
+                     f"{s['model']['spearman']:.2f} | {s['model']['kendall']:.2f} | "
+                     f"{s['no_oversubscription']['spearman']:.2f} / {s['no_oversubscription']['kendall']:.2f} | "
+                     f"{', '.join(s['model']['top3_measured'])} | {', '.join(s['model']['top3_predicted'])} |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- the command
 
 
-def measure_machine(path: str) -> None:
-    """What ``minipar bench machine`` writes, measured now, into ``path``."""
+def measure_machine(path: str, grids=None, progress=lambda jobs, **_: jobs) -> dict:
+    """What ``minipar bench machine`` writes, measured now, into ``path`` (the operations at
+    ``grids``' shapes); returns it."""
     from .machine import measure_and_report
 
-    measure_and_report(2, path)
+    return measure_and_report(2, path, grids, progress)
 
 
 def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids, **_: grids) -> dict:
@@ -104,21 +139,25 @@ def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids
 
     from ..launcher import launch
     from ..plan.hardware import this_machine
+    from ..plan.machine import load
 
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     tmp = None
     if machine is None:
         fd, tmp = tempfile.mkstemp(prefix="minipar-machine-", suffix=".json")
         os.close(fd)
-        measure_machine(tmp)
+        measure_machine(tmp, grids, progress)
         machine = tmp
     try:
         hw = this_machine("float64", machine)
+        record = load(machine)
     finally:
         if tmp:
             os.remove(tmp)
     if tmp:
         hw = replace(hw, sources={"measured": "measured at the start of this run (as minipar bench machine -n 2 does)"})
     naive = replace(hw, oversubscription=False)
+    peak = replace(hw, ops={})  # the model before the operations were measured: FLOPs / the large matmul's rate
     busy = ", ".join(f"{n} ranks {lk.alpha * 1e6:.0f} us" for n, lk in hw.busy)
     out(f"preset: {hw.peak_flops / 1e9:.2f} GFLOP/s per core, {hw.hbm_bandwidth / 1e9:.2f} GB/s, {hw.cores} cores, "
         f"alpha {hw.intra.alpha * 1e6:.0f} us ({busy or 'no oversubscribed alpha measured'}); {hw.sources['measured']}")
@@ -130,11 +169,11 @@ def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids
         cfg = train_config(dp, pp, tp)
         n = dp * pp * tp
         res = launch(n, "minipar.bench.plan:run_grid", quiet=True, job_timeout=3600.0, cfg=cfg, steps=steps).results[0]
-        p, q = predict_run(cfg, hw), predict_run(cfg, naive)
+        p, q, old = predict_run(cfg, hw), predict_run(cfg, naive), predict_run(cfg, peak)
         errs = memory_errors(cfg, p, res["memory"])
         worst = max(sum(m[k] for k in MEMORY_KEYS) for _, m in res["memory"])
         r = {"grid": f"dp{dp} pp{pp} tp{tp}", "ranks": n, "measured_s": res["step_s"], "predicted_s": p.step_time_s,
-             "no_oversubscription_s": q.step_time_s, "parts": p.parts, "memory_measured": worst,
+             "no_oversubscription_s": q.step_time_s, "peak_rate_s": old.step_time_s, "parts": p.parts, "memory_measured": worst,
              "memory_predicted": p.memory_bytes["total"] - p.memory_bytes["transient"],
              "memory_exact": all(e == 0 for e in errs.values()), "memory_errors": errs}
         rows.append(r)
@@ -147,10 +186,12 @@ def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids
             continue
         with_, without = ranking(sel), ranking(sel, "no_oversubscription_s")
         errs = [r["predicted_s"] / r["measured_s"] - 1 for r in sel]
-        summary[name] = {"model": with_, "no_oversubscription": without, "median_abs_error": float(np.median(np.abs(errs)))}
+        summary[name] = {"model": with_, "no_oversubscription": without, "median_abs_error": float(np.median(np.abs(errs))),
+                         "within_25": within(sel), "peak_rate_within_25": within(sel, "peak_rate_s")}
         out(f"\n{name} ({len(sel)}): Spearman {with_['spearman']:.2f} (without the oversubscription model "
             f"{without['spearman']:.2f}), Kendall {with_['kendall']:.2f} ({without['kendall']:.2f}); "
-            f"median |error| {summary[name]['median_abs_error']:.0%}")
+            f"median |error| {summary[name]['median_abs_error']:.0%}; within +-25%: {within(sel)} "
+            f"(the large matmul's rate: {within(sel, 'peak_rate_s')})")
         out(f"  fastest measured:  {', '.join(with_['top3_measured'])}")
         out(f"  fastest predicted: {', '.join(with_['top3_predicted'])}"
             f"   (without the model: {', '.join(without['top3_predicted'])})")
@@ -159,13 +200,21 @@ def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids
     return {"preset": {"peak_flops": hw.peak_flops, "memory_bandwidth": hw.hbm_bandwidth, "alpha": hw.intra.alpha,
                        "beta": hw.intra.beta(), "busy": {n: [lk.alpha, lk.beta()] for n, lk in hw.busy},
                        "source": hw.sources["measured"]},
-            "steps": steps, "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "machine": {k: v for k, v in record.items() if k != "path"},  # the whole measured record: predict again from it
+            "steps": steps, "load_average": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
             "rows": rows, "summary": summary}
 
 
 def cmd_here(args, progress=lambda grids, **_: grids) -> int:
     from ..errors import UsageError
 
+    if args.table:
+        try:
+            with open(args.table) as f:
+                print(table(json.load(f)))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UsageError(f"--table {args.table}: not a run `minipar bench plan --json` wrote ({err})") from None
+        return 0
     if args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
     if args.machine and not os.path.exists(args.machine):
@@ -179,7 +228,9 @@ def cmd_here(args, progress=lambda grids, **_: grids) -> int:
 def add_arguments(p):
     p.add_argument("--steps", type=int, default=2, help="timed steps per grid, after one warm-up (default 2)")
     p.add_argument("--machine", help="a preset file (minipar bench machine --out FILE) instead of measuring now")
-    p.add_argument("--json", metavar="FILE", help="write the rows and the ranking")
+    p.add_argument("--json", metavar="FILE", help="write the rows, the ranking and the measured machine record")
+    p.add_argument("--table", metavar="FILE", help="print docs/planner_validation.md's tables from a run --json wrote; "
+                                                   "nothing is run")
 
 
 def main(argv=None) -> int:

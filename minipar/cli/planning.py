@@ -60,12 +60,13 @@ def add_verbs(verbs):
     r.set_defaults(func=cmd_run)
 
     m = verbs.bench.add_parser(
-        "machine", help="measure this machine for the planner: matmul rate, memory bandwidth, alpha/beta",
+        "machine", help="measure this machine for the planner: matmul rate, memory bandwidth, alpha/beta, "
+                   "lesson 05's GPT's operations",
         **with_example("minipar bench machine -n 2          # then: minipar plan --hardware this-machine ..."))
     m.add_argument("-n", type=ranks, default=2, help="ranks (default 2)")
     m.add_argument("--out", type=output_path, help="where to write the preset (default ~/.cache/minipar/this_machine.json, or under "
                         "$MINIPAR_CACHE_DIR; the committed minipar/plan/this_machine.json only when named here)")
-    m.set_defaults(func=cmd_machine)
+    m.set_defaults(func=lambda args: cmd_machine(args, progress=progress))
 
     k = verbs.bench.add_parser(
         "links", help="DDP and TP under emulated links, measured vs the planner's prediction",

@@ -61,6 +61,7 @@ class Hardware:
     mixed_precision: bool = True  # 2-byte weights and grads + fp32 Adam (K = 12); else fp32/fp64 throughout
     sources: dict = field(default_factory=dict)
     peaks: dict = field(default_factory=dict)  # dense matmul FLOP/s per dtype ("bf16", "fp8", ...); {}: peak_flops for all
+    ops: dict = field(default_factory=dict)  # this machine: the model's own operations timed on k ranks (machine.measure_ops)
 
     def matmul_peak(self, dtype: str | None) -> float:
         """Dense FLOP/s of the matmuls in ``dtype`` (None: ``peak_flops``, the 16-bit rate MFU is
@@ -187,7 +188,7 @@ def this_machine(dtype: str = "float64", path: str | None = None) -> Hardware:
         "this-machine", peak_flops=m["matmul_flops"][dtype], memory_bytes=m["memory_bytes"],
         hbm_bandwidth=m["memory_bandwidth"], gpus_per_node=m["cores"], intra=shm, inter=shm, host=shm,
         host_bandwidth=m["memory_bandwidth"], matmul_fraction=1.0, link_fraction=1.0, cores=m["cores"],
-        busy=busy, dtype_bytes=size, mixed_precision=False,
+        busy=busy, dtype_bytes=size, mixed_precision=False, ops=m.get("ops", {}) if dtype == "float64" else {},
         sources={"measured": f"{path} ({m.get('when', '?')}; {m.get('command', 'minipar bench machine')})"})
 
 

@@ -17,7 +17,12 @@ Every rank measures at the same time, as ranks compute in training, each with on
   rank sends to the next and receives from the previous at once, as a ring collective's step
   does. With more ranks than cores a step waits until the scheduler runs the receiver, and
   MPICH's waiting ranks poll, burning their share of a core: the latency a TP all-reduce of
-  many small steps pays when ranks outnumber cores.
+  many small steps pays when ranks outnumber cores;
+- ``ops`` (``measure_ops``, given a model and its local shapes): the model's own operations
+  timed as the ranks will run them: lesson 05's block forward and backward, the embedding, head
+  and loss, and FlatAdam's update, with k ranks computing at once (``op_probe``). Small
+  matmuls, elementwise passes, the per-call costs of Python and NumPy and the cores' sharing
+  are all in these seconds; the planner prices lesson 05's GPT from them (``timing.measured_ops``).
 
 The "this-machine" preset (``minipar.plan.hardware.this_machine``) has no calibration constant:
 its rates are these measurements, read through ``load``. On a machine shared with other jobs
@@ -127,6 +132,180 @@ def ring_probe(comm, sizes=(8, 65536, 1 << 20), reps=20) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- the model's own operations
+
+
+P2P = ("send", "recv", "sendrecv", "isend", "irecv")  # the steps a ring collective is made of
+
+
+def transfer_seconds(group, events) -> float:
+    """Seconds of this rank's point-to-point steps (``events``, traced) that the ring formula
+    prices: each step's shortest duration over the ``group`` (every rank of a TP group runs the
+    same steps in the same order). The last rank to reach a step waits for no one: its time is
+    the transfer. A rank that arrived earlier waited for a partner still computing, or not yet
+    run by the scheduler: that wait is part of what computing on shared cores costs, and stays
+    with the compute."""
+    mine = []  # one duration per step: a step's isend and irecv overlap, merged
+    reach = float("-inf")
+    for a, b in sorted((e.t_start, e.t_end) for e in events if e.kind in P2P):
+        if a < reach:
+            mine[-1] += max(0.0, b - reach)
+        else:
+            mine.append(b - a)
+        reach = max(reach, b)
+    if group.size == 1:
+        return 0.0
+    every = group.builtin.allgather_object(mine)
+    n = min(len(d) for d in every)
+    return float(np.sum(np.min(np.array([d[:n] for d in every]), axis=0))) if n else 0.0
+
+
+def _per_rep(comm, fn, seconds, group=None, reps=None):
+    """(seconds per call of ``fn``, of which the TP group's transfers): the mean over a loop of at
+    least ``seconds`` (every rank runs the same number of calls, the group's collectives stay in
+    step), so that ranks sharing a core are timed over many of the scheduler's slices, not in
+    the one a best-of-n would catch; the slowest rank's. Transfers: ``transfer_seconds`` of the
+    traced steps in ``group``."""
+    fn()  # warm-up
+    if reps is None:
+        t0 = time.perf_counter()
+        fn()
+        one = time.perf_counter() - t0
+        want = np.array([min(20.0, max(3.0, seconds / max(one, 1e-9)))], dtype=np.float64)  # float on every rank
+        reps = int(comm.builtin.all_reduce(comm.asarray(want), "max")[0].item())
+    comm.barrier()
+    tracer, was = comm.tracer, comm.tracer.enabled
+    tracer.clear()
+    tracer.enabled = True
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    wall = time.perf_counter() - t0
+    tracer.enabled = was
+    talk = transfer_seconds(group, tracer.events) if group is not None else 0.0
+    tracer.clear()
+    out = comm.builtin.all_reduce(comm.asarray(np.array([wall / reps, talk / reps])), "max")
+    return float(out[0]), float(out[1])
+
+
+def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) -> dict:
+    """Rank side, every rank at once (as in training, k = comm.size ranks on the cores): the
+    trainer's own layers (``train.model.build_stage``: a ``ParallelBlock``, the embedding, ln_f,
+    the vocab-parallel head and its cross-entropy) on their TP groups (``tp`` consecutive ranks),
+    for every (tp, b) of ``shapes`` (b: the micro-batch's rows), and FlatAdam on flat arrays.
+
+    Each row: seconds of one block's forward and backward, and of the ends' (embedding + position,
+    then ln_f, head and loss; their backwards) per micro-batch, the TP collectives' transfers
+    taken out (``transfer_seconds``: the planner adds those from alpha and beta); ``block_comm``:
+    those transfers, forward and backward. ``adam``: seconds of
+    one update of n parameters at two sizes, for a line ``a + n * per_param``."""
+    from ..mixed_precision import FlatAdam
+    from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
+    from ..train.model import GPT, GPTConfig, build_stage
+
+    gpt = GPTConfig(**{**model, "n_layers": 1})
+    dense = GPT(gpt, seed)
+    rng = np.random.default_rng([seed, comm.rank])
+    rows = []
+    for tp in sorted({t for t, _ in shapes}):
+        group = comm.split(comm.rank // tp, key=comm.rank, name=f"tp{tp}")
+        stage = build_stage(group, dense, 0, 1)
+        stage.to(comm.empty((1,), "float64"))
+        (_, blk), = stage.blocks()
+        lo = group.rank * gpt.vocab // tp
+        for b in sorted({b for t, b in shapes if t == tp}):
+            ids = comm.asarray(rng.integers(0, gpt.vocab, (b, gpt.seq_len)))
+            labels = comm.asarray(rng.integers(0, gpt.vocab, (b, gpt.seq_len)))
+            x = comm.asarray(rng.standard_normal((b, gpt.seq_len, gpt.d_model)))  # (b, T, C)
+
+            y, ctx = blk.forward(x)  # backward runs again and again on one context (each layer's
+            d, ends = None, None  # backward sets, then pops, what its backward_weight takes)
+
+            def block_f():
+                blk.forward(x)
+
+            def block_b():
+                blk.backward(y, ctx)
+
+            def ends_f():
+                nonlocal d, ends
+                h, c_e = stage.embed.forward(ids)  # (b, T, C)
+                h, c_p = stage.pos.forward(h)
+                z, c_l = stage.ln_f.forward(h)
+                logits, c_h = stage.head.forward(z)  # (b, T, V/tp)
+                _, d = vocab_parallel_cross_entropy(group, logits, labels, lo)
+                ends = (c_e, c_p, c_l, c_h)
+
+            def ends_b():
+                c_e, c_p, c_l, c_h = ends
+                dz = stage.ln_f.backward(stage.head.backward(d, c_h), c_l)
+                stage.embed.backward(stage.pos.backward(dz, c_p), c_e)
+
+            ends_f()
+            (bf, bf_c), (bb, bb_c), (ef, ef_c), (eb, eb_c) = (_per_rep(comm, f, seconds, group) for f in
+                                                                (block_f, block_b, ends_f, ends_b))
+            rows.append({"ranks": comm.size, "tp": tp, "b": b, "block_f": bf - bf_c, "block_b": bb - bb_c,
+                         "ends_f": ef - ef_c, "ends_b": eb - eb_c, "block_comm": [bf_c, bb_c]})
+    adam = []
+    for n in (1024, GPT(GPTConfig(**model), seed).num_params()):
+        p, g = comm.asarray(rng.standard_normal(n)), comm.asarray(rng.standard_normal(n))
+        opt = FlatAdam(p)
+        adam.append([n, _per_rep(comm, lambda: opt.step(p, g), seconds)[0]])
+    (n0, t0), (n1, t1) = adam
+    per = max(0.0, (t1 - t0) / (n1 - n0))
+    return {"rows": rows, "adam": {"ranks": comm.size, "overhead": max(0.0, t0 - per * n0), "per_param": per}}
+
+
+def measure_ops(model: dict, shapes, seconds: float = 0.05, progress=lambda jobs, **_: jobs) -> dict:
+    """``op_probe`` for every rank count of ``shapes`` ({(ranks, tp, b)}), each its own job of
+    that many ranks: the record's ``ops``. ``progress`` wraps the jobs (the CLI passes a bar)."""
+    from ..launcher import launch
+
+    rows, adam, t0 = [], {}, time.perf_counter()
+    ks = sorted({k for k, _, _ in shapes})
+    for k in progress(ks, desc="the model's operations, k ranks at once", total=len(ks), unit="job"):
+        got = launch(k, "minipar.plan.machine:op_probe", quiet=True, watchdog=600.0, model=model, seconds=seconds,
+                     shapes=sorted({(t, b) for n, t, b in shapes if n == k})).results[0]
+        rows += got["rows"]
+        adam[str(k)] = {"overhead": got["adam"]["overhead"], "per_param": got["adam"]["per_param"]}
+    return {"model": dict(model), "rows": rows, "adam": adam, "seconds": seconds,
+            "took_s": time.perf_counter() - t0}  # the whole probe, launches included
+
+
+def ops_apply(ops: dict, spec) -> bool:
+    """Whether the record's ``ops`` were measured on ``spec`` (a ``models.ModelSpec``): lesson 05's
+    GPT of the same width, heads, sequence, vocabulary and MLP, any depth."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from .models import minipar_gpt
+
+    if not ops:
+        return False
+    m = ops["model"]
+    gpt = SimpleNamespace(n_layers=spec.layers, d_model=m["d_model"], n_heads=m["n_heads"], seq_len=m["seq_len"],
+                          vocab=m["vocab"], hidden=m.get("d_hidden") or 4 * m["d_model"])
+    return replace(minipar_gpt(gpt), name=spec.name) == spec
+
+
+OP_KEYS = ("block_f", "block_b", "ends_f", "ends_b")
+
+
+def op_seconds(ops: dict, ranks: int, tp: int, b: int):
+    """{block_f, block_b, ends_f, ends_b}: seconds per micro-batch of ``b`` rows on a rank of a
+    TP group of ``tp`` with ``ranks`` ranks computing: the measured row, else the straight line
+    through the two measured b nearest to it for that (ranks, tp) (time grows with the rows, plus
+    a fixed cost per operation); None when that (ranks, tp) was not measured at two sizes."""
+    have = {r["b"]: r for r in ops.get("rows", ()) if r["ranks"] == ranks and r["tp"] == tp}
+    if b in have:
+        return {k: have[b][k] for k in OP_KEYS}
+    if len(have) < 2:
+        return None
+    b0, b1 = sorted(sorted(have, key=lambda x: (abs(x - b), x))[:2])
+    w = (b - b0) / (b1 - b0)
+    return {k: max(0.0, have[b0][k] + w * (have[b1][k] - have[b0][k])) for k in OP_KEYS}
+
+
 # --------------------------------------------------------------------------- the whole measurement
 
 
@@ -142,13 +321,16 @@ def oversubscribed(cores: int, per_core=(2, 4)) -> dict:
     return out
 
 
-def measure_machine(n: int = 2, path: str | None = None) -> dict:
+def measure_machine(n: int = 2, path: str | None = None, ops=None, progress=lambda jobs, **_: jobs) -> dict:
     """Measure this machine on ``n`` ranks (then 2 and 4 per core) and write the record to ``path``
-    (default :func:`measured_file`, its folder made if need be); returns it."""
+    (default :func:`measured_file`, its folder made if need be); returns it. ``ops``: (model,
+    shapes) of ``measure_ops``, the operations of the model to be planned at its local shapes."""
     from ..launcher import launch
 
     rec = launch(n, "minipar.plan.machine:measure", quiet=True).results[0]
     rec["oversubscribed"] = oversubscribed(rec["cores"])
+    if ops is not None:
+        rec["ops"] = measure_ops(*ops, progress=progress)
     rec["when"] = datetime.datetime.now().isoformat(timespec="seconds")
     rec["command"] = f"minipar bench machine -n {n}"
     rec["load_average"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

@@ -5,6 +5,9 @@
 
 Per block and micro-batch on one rank:
 
+- this machine, with lesson 05's GPT's operations measured (``Hardware.ops``,
+  ``measured_ops``): a block's forward and backward, and the ends', are the seconds measured at
+  the configuration's (ranks, tp, b), in place of the two items below;
 - matmuls: their FLOPs (``models.layer_flops``) / (peak x matmul_fraction);
 - memory-bound operations (LayerNorm, GeLU, softmax, dropout, residuals): every activation the
   forward stores is written and read once there (2 passes over the block's activation bytes),
@@ -38,6 +41,7 @@ import numpy as np
 
 from .. import costmodel as cm
 from .config import DEEPSPEED_MAX_LIVE, Configs, Problem, layers_per_rank, microbatch_size
+from .machine import op_seconds, ops_apply
 from .memory import layer_activations, memory
 from .models import executed_flops, layer_flops, model_flops
 from .pipeline import makespan_estimate, makespan_lower_bound
@@ -150,6 +154,26 @@ def prefetch_share(prob: Problem, cfg: Configs):
     return tuple(np.array([out[t][j] for t in cfg.tp.tolist()]) for j in (0, 1))
 
 
+def measured_ops(prob: Problem, cfg: Configs, b):
+    """This machine, its model's operations measured (``Hardware.ops``, ``machine.measure_ops``):
+    {block_f, block_b, ends_f, ends_b} arrays (seconds per micro-batch, the TP collectives left
+    out) and ``found``, where a configuration's shapes were measured (cp = 1, no sequence
+    parallelism, its (ranks, tp, b)); None when the record has none for this model. Measured with
+    k ranks computing at once, they hold what sharing the cores costs; without the
+    oversubscription model they are scaled back to a core each (x cores / k)."""
+    hw = prob.hw
+    if not ops_apply(hw.ops, prob.model):
+        return None
+    k = prob.ranks_on_node
+    rows = [op_seconds(hw.ops, k, int(t), int(bb)) if c == 1 and not s else None
+            for t, bb, c, s in zip(np.broadcast_to(cfg.tp, (len(cfg),)), np.broadcast_to(b, (len(cfg),)),
+                                   np.broadcast_to(cfg.cp, (len(cfg),)), np.broadcast_to(cfg.sequence_parallel, (len(cfg),)))]
+    scale = min(1.0, hw.cores / k) if hw.cores and not hw.oversubscription else 1.0
+    out = {key: np.array([r[key] * scale if r else 0.0 for r in rows]) for key in ("block_f", "block_b", "ends_f", "ends_b")}
+    out["found"] = np.array([r is not None for r in rows])
+    return out
+
+
 def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     """Per micro-batch times of a pipeline stage (arrays): F, B (compute + exposed communication),
     the LM head's extra on the last stage, point-to-point, and their parts."""
@@ -170,6 +194,11 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     redo_bytes = np.select([rec == "full", rec == "selective"], [2 * full, 2 * scores], 0.0)
     cf = fwd / rate + 2 * full / bw  # compute, forward
     cb = (2 * fwd + redo) / rate + (3 * full + redo_bytes) / bw  # compute, backward (+ recompute)
+    ops = measured_ops(prob, cfg, b)
+    if ops is not None:  # this machine: the block's forward and backward as measured at this shape
+        redo_m = np.select([rec == "full", rec == "selective"], [ops["block_f"], ops["block_f"] * att_f / fwd], 0.0)
+        cf = np.where(ops["found"], ops["block_f"], cf)
+        cb = np.where(ops["found"], ops["block_b"] + redo_m, cb)
 
     tp_link = np.where(tp <= prob.gpus_per_node, 0, 1)
     block_bytes = b * m.seq / cp * m.hidden * e
@@ -191,6 +220,9 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
     logits = (4 if hw.mixed_precision else e) * b * (m.seq / cp) * m.vocab / tp
     head_f = head_flops / rate + 2 * logits / bw
     head_b = 2 * head_flops / rate + 3 * logits / bw
+    if ops is not None:  # measured: the embedding's too, charged to the last stage with the head
+        head_f = np.where(ops["found"], ops["ends_f"], head_f)
+        head_b = np.where(ops["found"], ops["ends_b"], head_b)
 
     nmb = cfg.microbatches
     mem = memory(prob, cfg) if mem is None else mem
@@ -245,6 +277,11 @@ def tail_times(prob: Problem, cfg: Configs, st: dict) -> dict:
         opt = (bp + bg) * psi / shard * hw.host.beta(1.0) + touched / hw.host_bandwidth
     else:
         opt = touched / (hw.hbm_bandwidth * hw.compute_share(prob.ranks_on_node))
+    adam = hw.ops.get("adam", {}).get(str(prob.ranks_on_node)) if ops_apply(hw.ops, prob.model) else None
+    if adam is not None and not prob.offload:  # this machine: FlatAdam's update timed on k ranks at once
+        k = prob.ranks_on_node
+        scale = min(1.0, hw.cores / k) if hw.cores and not hw.oversubscription else 1.0
+        opt = (adam["overhead"] + adam["per_param"] * psi / shard) * scale
     return dict(dp_comm=dp, optimizer=opt)
 
 
