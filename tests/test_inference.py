@@ -143,3 +143,22 @@ def test_figures_draw_from_the_recorded_run(tmp_path):
     paths = F.make(str(tmp_path), records=rec)
     assert [os.path.basename(p) for p in paths] == ["inference_latency.png", "inference_roofline.png"]
     assert all(os.path.getsize(p) > 10_000 for p in paths)
+
+
+def test_each_width_is_predicted_as_roofline_plus_the_cache_resident_widths_overhead_at_its_tp():
+    """The smallest width's measured-minus-roofline time is its TP's per-token overhead; every
+    other row at that TP adds it (and is checked), the source row is not a check."""
+    from minipar.bench.inference import with_overhead
+
+    def row(d, tp, meas, pred):
+        return dict(d=d, tp=tp, token_s=meas, token_cpu_s=meas, predicted_token_s=pred,
+                    predicted_cpu_token_s=pred, predicted_stream_token_s=2 * pred)
+
+    rows = with_overhead([row(64, 1, 2.4e-3, 0.2e-3), row(1024, 1, 49e-3, 44e-3),
+                          row(64, 2, 3.9e-3, 0.5e-3), row(1024, 2, 32e-3, 25e-3)])
+    by = {(r["d"], r["tp"]): r for r in rows}
+    assert by[64, 1]["overhead_source"] and not by[1024, 1]["overhead_source"]
+    assert by[1024, 1]["predicted_token_s"] == pytest.approx(44e-3 + 2.2e-3)  # not TP 2's 3.4 ms, nor none
+    assert by[1024, 2]["predicted_token_s"] == pytest.approx(25e-3 + 3.4e-3)
+    assert by[1024, 2]["roofline_token_s"] == pytest.approx(25e-3)
+    assert by[1024, 2]["predicted_stream_token_s"] == pytest.approx(50e-3 + 3.4e-3)

@@ -31,7 +31,9 @@ One run measures, on this machine, one BLAS thread per rank:
   layers run it, (B, d) @ w, and B matrix-vector products, on the probe's matrix.
 
 Each (width, TP) job runs twice, the rounds interleaved, and the faster is kept. Every row carries
-``plan.inference``'s prediction from the measured machine. The record is what
+``plan.inference``'s prediction from the measured machine, plus the per-token overhead of its TP
+(``with_overhead``: Python's and NumPy's cost per operation, measured on the smallest width, whose
+weights sit in the cache). The record is what
 ``minipar.figures.inference`` draws and docs/inference.md quotes. Timings taken on a machine
 shared with other jobs come out slow and noisy: the record keeps the load average.
 """
@@ -247,6 +249,34 @@ def predict_row(r, hw, stream):
                 predicted_prefill_s=prefill(m, hw, r["tp"], r["batch"], r["prompt"], bandwidth=bw).seconds)
 
 
+PREDICTED = ("predicted_token_s", "predicted_cpu_token_s", "predicted_stream_token_s")
+
+
+def with_overhead(rows):
+    """Each row's predictions plus the per-token overhead of its TP: the work of a decode step that
+    neither reads weights nor moves bytes (Python's and NumPy's cost per operation, the same at
+    every width), measured on the smallest width, whose weights sit in the cache: that row's
+    measured time minus its roofline prediction. That row is the overhead's source, not a check of
+    it (``overhead_source``); every other row at the same TP is predicted as roofline + overhead.
+    The roofline alone stays in ``roofline_token_s`` (a GPU's kernels cost microseconds, not the
+    milliseconds Python spends here, and the planner's GPU presets add none)."""
+    small = {}
+    for r in rows:
+        if r["tp"] not in small or r["d"] < small[r["tp"]]["d"]:
+            small[r["tp"]] = r
+    over = {t: max(0.0, r["token_s"] - r["predicted_token_s"]) for t, r in small.items()}
+    over_cpu = {t: max(0.0, r["token_cpu_s"] - r["predicted_cpu_token_s"]) for t, r in small.items()}
+    out = []
+    for r in rows:
+        t = r["tp"]
+        r = dict(r, roofline_token_s=r["predicted_token_s"], overhead_s=over[t], overhead_cpu_s=over_cpu[t],
+                 overhead_source=r["d"] == small[t]["d"])
+        for k in PREDICTED:
+            r[k] += over_cpu[t] if k == "predicted_cpu_token_s" else over[t]
+        out.append(r)
+    return out
+
+
 def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=16, rounds=2,
             progress=lambda xs, **_: xs):
     """Every measurement and prediction: {"machine", "rows", "batch", ...} (see the module docstring)."""
@@ -277,7 +307,11 @@ def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=
               f"{r['predicted_token_s'] * 1e3:>11.2f}{r['predicted_token_s'] / r['token_s']:>10.2f}"
               f"{r['achieved_bandwidth'] / 1e9:>11.2f}{r['probe_before'] / 1e9:>14.2f}, {r['probe_after'] / 1e9:>5.2f}"
               f"{r['stream_bandwidth'] / 1e9:>8.2f}", flush=True)
-    rows = [best[k] for k in sorted(best)]
+    rows = with_overhead([best[k] for k in sorted(best)])
+    for r in rows:
+        print(f"d = {r['d']:>4}, TP = {r['tp']}: {r['token_s'] * 1e3:.2f} ms per token, predicted {r['predicted_token_s'] * 1e3:.2f} "
+              f"(roofline {r['roofline_token_s'] * 1e3:.2f} + per-token overhead {r['overhead_s'] * 1e3:.2f}"
+              f"{', measured here' if r['overhead_source'] else ''})", flush=True)
     bw = batch_width or max(widths)
     b = launch(1, batch_rank, quiet=True, job_timeout=900.0, d=bw, batches=tuple(batches),
                product_batches=tuple(k for k in batches if k <= max(PRODUCT_BATCHES))).results[0]
@@ -333,15 +367,17 @@ def markdown(rec) -> str:
                    f"{mc['probe'][n]['cpu'] / 1e9:.2f} |")
     out += ["", "| d | weights per rank | TP | load | ms per token | predicted | error | weight GB/s read per rank "
            "| probe GB/s per rank, before / after | predicted from STREAM (GB/s) | error | CPU ms per token "
-           "| predicted from the CPU-clock probe | error | prefill ms (4 tokens) |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| predicted from the CPU-clock probe | error | prefill ms (4 tokens) | roofline ms + overhead ms |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rec["rows"], key=lambda r: (r["d"], r["tp"])):
         p, s, c = r["predicted_token_s"], r["predicted_stream_token_s"], r["predicted_cpu_token_s"]
+        src = " (the overhead's source)" if r.get("overhead_source") else ""
+        error = "n/a" if src else f"{p / r['token_s'] - 1:+.0%}"
         out.append(f"| {r['d']} | {r['held_bytes'] / 1e6:.1f} MB | {r['tp']} | {r['load_average']:.1f} | {r['token_s'] * 1e3:.2f} | "
-                   f"{p * 1e3:.2f} | {p / r['token_s'] - 1:+.0%} | {r['achieved_bandwidth'] / 1e9:.2f} | "
+                   f"{p * 1e3:.2f} | {error} | {r['achieved_bandwidth'] / 1e9:.2f} | "
                    f"{r['probe_before'] / 1e9:.2f} / {r['probe_after'] / 1e9:.2f} | {s * 1e3:.2f} ({r['stream_bandwidth'] / 1e9:.2f}) | "
                    f"{s / r['token_s'] - 1:+.0%} | {r['token_cpu_s'] * 1e3:.2f} | {c * 1e3:.2f} | {c / r['token_cpu_s'] - 1:+.0%} | "
-                   f"{r['prefill_s'] * 1e3:.1f} |")
+                   f"{r['prefill_s'] * 1e3:.1f} | {r.get('roofline_token_s', p) * 1e3:.2f} + {r.get('overhead_s', 0) * 1e3:.2f}{src} |")
     b = rec["batch"]
     out += ["", f"Batch at d = {b['d']}, TP = 1 (read probe {b['probe_before'] / 1e9:.2f} GB/s before, "
             f"{b['probe_after'] / 1e9:.2f} after; roofline B* = {b['critical_batch']:.1f} by the wall clock, "
