@@ -12,7 +12,7 @@ import pytest
 from minipar import launch
 from minipar.launcher import LaunchError
 from minipar.lessons.common import merge_rows
-from minipar.lessons.train import MOE, ODD, SHORT
+from minipar.lessons.train import MOE, ODD, SHORT, make_config
 
 CASES = [
     (dict(dp=2, pp=2, tp=2, schedule="1f1b", microbatches=2, zero=1),
@@ -248,3 +248,15 @@ def test_a_second_writer_fails_at_once_naming_the_holder(comm, tmp_path):
         first.terminate()
         first.communicate(timeout=60)
     assert first.returncode == -signal.SIGTERM
+
+
+@pytest.mark.timeout(60)
+def test_the_clips_norm_type_is_kept_and_resumed(comm, tmp_path):
+    """A run clipped by the largest element (--clip-norm-type inf) resumes with that norm, not L2."""
+    from minipar.train.checkpoint import resume
+    from minipar.train.trainer import train
+
+    cfg = make_config(model=SHORT, steps=2, clip=0.5, clip_norm_type=float("inf"))
+    train(comm, cfg, save=str(tmp_path), save_every=1)
+    tr, start = resume(comm, make_config(model=SHORT, steps=2), str(tmp_path / "step000001"))
+    assert (start, tr.cfg.clip, tr.cfg.clip_norm_type) == (1, 0.5, float("inf"))

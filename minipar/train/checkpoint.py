@@ -16,7 +16,7 @@ What each rank writes: its tensor-parallel shard of every parameter (DP replica 
 0 only: the other replicas hold the same numbers), and Adam's m and v for the part of each
 parameter its optimizer updates (all of it; with ZeRO-1 a range of the flattened shard, every
 rank of the dp x cp group its own); in mixed precision (bf16, fp16) also the float32 master
-weights of that part, cut the same way ("master"). The index keeps the precision, the clip, and
+weights of that part, cut the same way ("master"). The index keeps the precision, the clip and its norm type, and
 fp16's loss-scale state (the scale, the clean steps since it last changed). Experts are written by the rank that holds them, whatever
 its DP coordinate. A piece is described by the TP rank and size it was cut for and its flat
 range: nothing in it depends on dp, cp or the expert placement, so any grid can load it.
@@ -188,8 +188,9 @@ def resume(comm, cfg, directory):
     from .trainer import Trainer
 
     index, full = load_full(directory)
-    kept = ("lr", "seed", "data", "data_seed", "batch") + (("clip",) if cfg.clip is None else ())  # a clip said wins
-    cfg = cfg.with_(model=GPTConfig(**index["model"]), **{k: v for k, v in index["train"].items() if k in kept})
+    kept = ("lr", "seed", "data", "data_seed", "batch") + (("clip", "clip_norm_type") if cfg.clip is None else ())  # a clip said wins
+    train = dict(index["train"], clip_norm_type=float(index["train"].get("clip_norm_type", "2.0")))
+    cfg = cfg.with_(model=GPTConfig(**index["model"]), **{k: v for k, v in train.items() if k in kept})
     tr = Trainer(comm, cfg, dense_model(index, full, cfg.seed))
     where = {}
     for st in tr.stages.values():

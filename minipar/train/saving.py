@@ -199,7 +199,8 @@ def _save(trainer, directory, step, crash_before_commit):
         index = {"format": FORMAT, "step": step, "adam_steps": trainer.engines[0].steps,
                  "model": cfg.model.as_dict(), "grid": {"dp": cfg.dp, "pp": cfg.pp, "cp": cfg.cp, "tp": cfg.tp},
                  "train": {k: getattr(cfg, k) for k in ("lr", "seed", "data", "data_seed", "batch", "precision",
-                                                        "clip", "loss_scale", "initial_scale", "growth_interval")},
+                                                        "clip", "loss_scale", "initial_scale", "growth_interval")}
+                 | {"clip_norm_type": str(cfg.clip_norm_type)},  # "2.0" or "inf": JSON has no infinity
                  "loss_scale": trainer.scaler.state() if trainer.scaler else None,
                  "files": files, "tensors": tensors}
         write_synced(os.path.join(tmp, "index.json"), json.dumps(index, indent=1).encode())
