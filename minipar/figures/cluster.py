@@ -60,7 +60,7 @@ def allreduce(records, path, note: str = "") -> str:
     """Left: ms per all-reduce against the uplink's rate, measured and predicted. Right: busbw / rate."""
     plt = pyplot()
     series = allreduce_series(records)
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(max(12, 1.1 * len(series)), 5.5))
     colours = dict(zip(ALGS, ("C0", "C1", "C2")))
     for alg, s in series.items():
         gbit = np.array(s["rate_bits"]) / 1e9
@@ -96,7 +96,7 @@ def placement_series(records) -> list[dict]:
     step seconds, the planner's (or None), bytes between nodes, and ``link_s``: the time each
     node's uplink needs for its half of those bytes at the configured rate, alone."""
     rs = sorted(records, key=lambda r: r.get("rate_bits") or _bits(r["rate"]))
-    return [{"label": f"{r['rate']}\n{r['placement']}", "step_s": r["step_s"], "predicted": r.get("predicted_s"),
+    return [{"label": f"{r['rate']}: {r['placement']}", "step_s": r["step_s"], "predicted": r.get("predicted_s"),
              "inter_bytes": r["inter_bytes"], "link_s": r["inter_bytes"] / 2 / ((r.get("rate_bits") or _bits(r["rate"])) / 8)}
             for r in rs]
 
@@ -112,7 +112,7 @@ def placement(records, path, note: str = "") -> str:
     plt = pyplot()
     series = placement_series(records)
     x = np.arange(len(series))
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(max(12, 1.1 * len(series)), 5.5))
     predicted = [s["predicted"] for s in series]
     width = 0.4 if any(p is not None for p in predicted) else 0.6
     bars = ax.bar(x - (width / 2 if width == 0.4 else 0), [1e3 * s["step_s"] for s in series], width, label="measured")
@@ -122,16 +122,18 @@ def placement(records, path, note: str = "") -> str:
     if width == 0.4:
         ax.bar(x + width / 2, [1e3 * p if p is not None else np.nan for p in predicted], width, hatch="//", alpha=0.8,
                label="predicted")
-    ax.set_xticks(x, [s["label"] for s in series], fontsize=7)
+    ax.set_xticks(x, [s["label"] for s in series], fontsize=7, rotation=60, ha="right")
     ax.set_ylabel("ms per step (median, slowest rank)")
     ax.legend(fontsize=7)
     ax.set_title("step time", fontsize=9)
     bars = bx.bar(x, [s["inter_bytes"] / 1e6 for s in series], 0.6, color="C3")
     bx.bar_label(bars, fmt="%.2f", fontsize=7)
-    bx.set_xticks(x, [s["label"] for s in series], fontsize=7)
+    bx.set_xticks(x, [s["label"] for s in series], fontsize=7, rotation=60, ha="right")
     bx.set_ylabel("MB sent between nodes per step (all ranks)")
     bx.set_title("bytes across the uplinks (traced, exact)", fontsize=9)
-    fig.suptitle("Lesson 05's trainer, dp = 2 x tp = 2 on 2 nodes x 2 ranks: where TP sits"
+    grids = sorted({r.get("comparison", "tp") for r in records})
+    what = {"tp": "dp2 x tp2: TP inside or across", "pp": "pp2 x tp2: PP or TP across", "ddp": "dp2: one node or across"}
+    fig.suptitle("Lesson 05's trainer on 2 nodes: " + "; ".join(what.get(g, g) for g in grids)
                  + (f"\n{note}" if note else ""), fontsize=10)
     return save(fig, path, dpi=110, tight=True)
 
