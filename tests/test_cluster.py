@@ -331,3 +331,20 @@ def test_ddp_across_the_link_and_on_one_node_measured_and_predicted(tmp_path):
     n, bw, alpha = across["inter_bytes"] / 2, 2 * file["inter"]["bandwidth"], file["inter"]["latency"]
     assert bw == 1e9 / 8
     assert abs(across["predicted_parts"]["dp_comm"] - (2 * alpha + n / bw)) <= 1e-3 * n / bw, (across, file)
+
+
+def test_segments_sent_again_are_counted_once_each_and_nothing_else_is_excused(tmp_path):
+    """The counters' check takes MSS bytes per retransmitted segment off (TCP's RetransSegs), and
+    only those: the 10 Gbit/s rep that resent 45 segments passes with its count, fails without
+    it, and a count cannot hide bytes that went through shared memory."""
+    payload, packets = 12_582_912, 500
+    resent = {"tx_bytes": payload + T.HEADERS * packets + 45 * T.MSS + 1388, "tx_packets": packets}
+    assert not T.verdict(resent, payload)[0]
+    ok, line = T.verdict(dict(resent, retrans_segs=45), payload)
+    assert ok and "45 segments sent again" in line, line
+    assert not T.verdict(dict(resent, retrans_segs=46), payload)[0]  # a segment more than was resent: short of the payload
+    shared = {"tx_bytes": 20_000, "tx_packets": 100, "retrans_segs": 3}
+    assert not T.verdict(shared, payload)[0]
+    snmp = tmp_path / "snmp"
+    snmp.write_text("Ip: Forwarding\nIp: 1\nTcp: RtoAlgorithm RetransSegs InErrs\nTcp: 1 2774 0\nUdp: InDatagrams\nUdp: 5\n")
+    assert T.retransmitted_segments(str(snmp)) == 2774
