@@ -287,6 +287,15 @@ SIGNALLED = [
 ]
 
 
+def as_from_a_terminal():
+    """In the command's process before it starts: SIGHUP and SIGTERM at their default action, as a
+    shell in a terminal starts a command. A test suite run under ``nohup`` (or in the background of a
+    shell without job control) hands its children SIGHUP ignored, and minipar rightly keeps an
+    ignored SIGHUP ignored (``launcher.ending_on_signals``): the signal tests would then test nohup."""
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("argv,sig", SIGNALLED)
@@ -300,7 +309,7 @@ def test_a_signal_ends_every_rank_and_leaves_nothing(argv, sig, private_tmp, tmp
     mark = uuid.uuid4().hex
     env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark, "PYTHONPATH": os.environ["PYTHONPATH"]}
     cmd = subprocess.Popen([sys.executable, "-m", "minipar", *argv], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_from_a_terminal)
     watch = Watch(mark)
     try:
         deadline = time.monotonic() + 90
