@@ -86,8 +86,7 @@ def summarize(results, rate, n, nodes, per_node, reps, warmup: int = 0) -> list[
             payload = T.crossing_bytes(alg, n, 4, nodes, per_node)
             rec["payload"] = payload
             rec["headers"] = [statistics.median(T.HEADERS * d["tx_packets"] for d in ds) for ds in reps_by_node]
-            rec["mpi_bytes"] = [statistics.median(d["tx_bytes"] - T.HEADERS * d["tx_packets"] - q for d in ds)
-                                for ds, q in zip(reps_by_node, payload)]
+            rec["mpi_bytes"] = [statistics.median(T.mpi_bytes(d, q) for d in ds) for ds, q in zip(reps_by_node, payload)]
             rec["crossing_ok"] = all(T.verdict(d, q)[0] for ds, q in zip(reps_by_node, payload) for d in ds)
             rec["retransmitted_segments"] = [[d.get("retrans_segs", 0) for d in ds] for ds in reps_by_node]  # per node, rep
             rec["predicted"] = two_level_allreduce_time(alg, nbytes, nodes, per_node, intra, inter)

@@ -163,12 +163,19 @@ def per_node(results: list, algorithm: str, rep: int = 0) -> dict:
     return out
 
 
+def mpi_bytes(counters: dict, payload: int) -> int:
+    """What an uplink carried besides the payload, the packets' headers and the segments TCP sent
+    again (each crossed twice): MPI's own bytes, if the payload really crossed."""
+    return (counters["tx_bytes"] - HEADERS * counters["tx_packets"] - payload
+            - MSS * counters.get("retrans_segs", 0))
+
+
 def verdict(counters: dict, payload: int, slack: int = SLACK) -> tuple[bool, str]:
     """(ok, one line): did an uplink whose counters moved by ``counters`` (tx_bytes, tx_packets)
     carry ``payload`` bytes of messages? What is left after the payload and 66 bytes per packet
     must be MPI's own few bytes: 0 ... ``slack``."""
     tx, packets = counters["tx_bytes"], counters["tx_packets"]
-    rest = tx - HEADERS * packets - payload - MSS * counters.get("retrans_segs", 0)  # a resent segment crossed twice
+    rest = mpi_bytes(counters, payload)
     ok = 0 <= rest <= slack
     why = ("" if ok else " -- less than the payload: the bytes did not cross this link (shared memory?)"
            if rest < 0 else f" -- more than {slack} B besides the payload and the headers")
