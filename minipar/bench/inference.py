@@ -54,7 +54,7 @@ QUICK_BATCHES = (1, 4)
 STREAM_BYTES = 256 << 20  # per array: 3 x 256 MB, well past the 300 MB last-level cache of this machine
 PROBE_BYTES = 512 << 20  # the read probe's matrix: one 512 MB array, past the last-level cache as the weights are
 PROBE_ROWS = 1024  # its shape (1024, 65536): x (1024,) @ w, a d = 1024 layer's product, wider
-PROBE_REPS = 3
+PROBE_REPS = 5  # reads per probe, their median kept
 PRODUCT_BATCHES = (1, 2, 4, 8, 16)
 
 
@@ -90,15 +90,19 @@ def probe_matrix(nbytes=PROBE_BYTES, xp=np):
 
 
 def read_rate(w, x, reps=PROBE_REPS):
-    """(wall, CPU) bytes per second of ``x @ w`` (w read once, x stays in cache), the best of
-    ``reps`` by each clock: the rate a decode step at batch 1 reads its weights at."""
+    """(wall, CPU) bytes per second of ``x @ w`` (w read once, x stays in cache), the median of
+    ``reps`` by each clock: the rate a decode step at batch 1 reads its weights at. The median,
+    as a token's time is the median of its tokens: this machine's bandwidth moves by a third
+    from one second to the next, and a best-of-n would divide by its luckiest moment (every
+    prediction low)."""
     x @ w  # warm-up
-    wall = cpu = float("inf")
+    walls, cpus = [], []
     for _ in range(reps):
         t, c = time.perf_counter(), time.process_time()
         x @ w
-        wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
-    return w.nbytes / wall, w.nbytes / cpu
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    return w.nbytes / float(np.median(walls)), w.nbytes / float(np.median(cpus))
 
 
 def probe(comm, w, x):
