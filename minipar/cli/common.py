@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from ..lessons.common import format_rows, merge_rows
-from ..records import write_json
+from ..records import output_problem, write_json
 
 
 class Parser(argparse.ArgumentParser):
@@ -124,17 +124,10 @@ def nonnegative_float(text: str) -> float:
 
 def output_path(text: str) -> str:
     """The argparse type of a file a verb writes at the end (``--json``, ``--trace``, ``--out``):
-    its folder must exist and be writable now, so a typo costs nothing instead of the run's results."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a file name, got ''")
-    folder = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(f"{text!r}: the folder {os.path.dirname(text) or '.'!r} does not exist "
-                                         f"(create it first; the file is written after the run)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r}: the folder {os.path.dirname(text) or '.'!r} is not writable")
-    if os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder, expected a file name")
+    its folder must exist and be writable now (``records.output_problem``)."""
+    problem = output_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -22,7 +22,9 @@ Every rank measures at the same time, as ranks compute in training, each with on
   timed as the ranks will run them: lesson 05's block forward and backward, the embedding, head
   and loss, and FlatAdam's update, with k ranks computing at once (``op_probe``). Small
   matmuls, elementwise passes, the per-call costs of Python and NumPy and the cores' sharing
-  are all in these seconds; the planner prices lesson 05's GPT from them (``timing.measured_ops``).
+  are all in these seconds; so are the TP all-reduces' ring steps as a group met them among
+  ranks of other groups computing, which the ring probe above (every rank communicating, none
+  computing) does not see. The planner prices lesson 05's GPT from them (``timing.measured_ops``).
 
 The "this-machine" preset (``minipar.plan.hardware.this_machine``) has no calibration constant:
 its rates are these measurements, read through ``load``. On a machine shared with other jobs
@@ -196,8 +198,8 @@ def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) ->
 
     Each row: seconds of one block's forward and backward, and of the ends' (embedding + position,
     then ln_f, head and loss; their backwards) per micro-batch, the TP collectives' transfers
-    taken out (``transfer_seconds``: the planner adds those from alpha and beta); ``block_comm``:
-    those transfers, forward and backward. ``adam``: seconds of
+    taken out (``transfer_seconds``); ``block_comm``: those transfers, forward and backward, the
+    planner's TP communication on this machine (``op_seconds``' comm_f, comm_b). ``adam``: seconds of
     one update of n parameters at two sizes, for a line ``a + n * per_param``."""
     from ..mixed_precision import FlatAdam
     from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
@@ -256,20 +258,52 @@ def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) ->
     return {"rows": rows, "adam": {"ranks": comm.size, "overhead": max(0.0, t0 - per * n0), "per_param": per}}
 
 
-def measure_ops(model: dict, shapes, seconds: float = 0.05, progress=lambda jobs, **_: jobs) -> dict:
-    """``op_probe`` for every rank count of ``shapes`` ({(ranks, tp, b)}), each its own job of
-    that many ranks: the record's ``ops``. ``progress`` wraps the jobs (the CLI passes a bar)."""
+def probe_launch(k: int, model: dict, shapes, seconds: float = 0.05) -> dict:
+    """One job of ``k`` ranks running ``op_probe`` on the shapes of ``shapes`` ({(ranks, tp, b)})
+    that have k ranks."""
     from ..launcher import launch
 
-    rows, adam, t0 = [], {}, time.perf_counter()
-    ks = sorted({k for k, _, _ in shapes})
-    for k in progress(ks, desc="the model's operations, k ranks at once", total=len(ks), unit="job"):
-        got = launch(k, "minipar.plan.machine:op_probe", quiet=True, watchdog=600.0, model=model, seconds=seconds,
-                     shapes=sorted({(t, b) for n, t, b in shapes if n == k})).results[0]
-        rows += got["rows"]
-        adam[str(k)] = {"overhead": got["adam"]["overhead"], "per_param": got["adam"]["per_param"]}
+    return launch(k, "minipar.plan.machine:op_probe", quiet=True, watchdog=600.0, model=model, seconds=seconds,
+                  shapes=sorted({(t, b) for n, t, b in shapes if n == k})).results[0]
+
+
+def merged_ops(model: dict, launches: dict, seconds: float, took_s: float) -> dict:
+    """The record's ``ops`` from ``launches`` ({k: [op_probe results, one per launch]}): each
+    number the median of its launches (``median_launches``)."""
+    rows, adam = [], {}
+    for k in sorted(launches):
+        merged = median_launches(launches[k])
+        rows += merged["rows"]
+        adam[str(k)] = {"overhead": merged["adam"]["overhead"], "per_param": merged["adam"]["per_param"]}
     return {"model": dict(model), "rows": rows, "adam": adam, "seconds": seconds,
-            "took_s": time.perf_counter() - t0}  # the whole probe, launches included
+            "rounds": min(len(v) for v in launches.values()), "took_s": took_s}
+
+
+def measure_ops(model: dict, shapes, seconds: float = 0.05, progress=lambda jobs, **_: jobs, rounds: int = 3) -> dict:
+    """``op_probe`` for every rank count of ``shapes`` ({(ranks, tp, b)}), each its own job of
+    that many ranks, ``rounds`` times (the rounds interleaved): the record's ``ops``, each number
+    the median of its launches. With more ranks than cores, which ranks the scheduler runs
+    together is decided anew in every launch, and a launch's seconds move with it. ``progress``
+    wraps the jobs (the CLI passes a bar)."""
+    t0 = time.perf_counter()
+    ks = sorted({k for k, _, _ in shapes})
+    jobs = [k for _ in range(rounds) for k in ks]
+    got = {k: [] for k in ks}
+    for k in progress(jobs, desc="the model's operations, k ranks at once", total=len(jobs), unit="job"):
+        got[k].append(probe_launch(k, model, shapes, seconds))
+    return merged_ops(model, got, seconds, time.perf_counter() - t0)  # took_s: the whole probe, launches included
+
+
+def median_launches(launches) -> dict:
+    """``op_probe``'s results of several launches on the same shapes, as one: every number the
+    median of its launches (``block_comm`` element by element)."""
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    rows = []
+    for same in zip(*(got["rows"] for got in launches)):  # one shape, every launch
+        rows.append({**same[0], **{k: med([r[k] for r in same]) for k in ("block_f", "block_b", "ends_f", "ends_b")},
+                     "block_comm": [med([r["block_comm"][i] for r in same]) for i in (0, 1)]})
+    adam = {k: med([got["adam"][k] for got in launches]) for k in ("overhead", "per_param")}
+    return {"rows": rows, "adam": dict(launches[0]["adam"], **adam)}
 
 
 def ops_apply(ops: dict, spec) -> bool:
@@ -288,15 +322,17 @@ def ops_apply(ops: dict, spec) -> bool:
     return replace(minipar_gpt(gpt), name=spec.name) == spec
 
 
-OP_KEYS = ("block_f", "block_b", "ends_f", "ends_b")
+OP_KEYS = ("block_f", "block_b", "ends_f", "ends_b", "comm_f", "comm_b")
 
 
 def op_seconds(ops: dict, ranks: int, tp: int, b: int):
-    """{block_f, block_b, ends_f, ends_b}: seconds per micro-batch of ``b`` rows on a rank of a
-    TP group of ``tp`` with ``ranks`` ranks computing: the measured row, else the straight line
+    """{block_f, block_b, ends_f, ends_b, comm_f, comm_b}: seconds per micro-batch of ``b`` rows on
+    a rank of a TP group of ``tp`` with ``ranks`` ranks computing (comm_f, comm_b: one block's TP
+    ring steps, forward and backward, its ``block_comm``): the measured row, else the straight line
     through the two measured b nearest to it for that (ranks, tp) (time grows with the rows, plus
     a fixed cost per operation); None when that (ranks, tp) was not measured at two sizes."""
-    have = {r["b"]: r for r in ops.get("rows", ()) if r["ranks"] == ranks and r["tp"] == tp}
+    have = {r["b"]: dict(r, comm_f=r["block_comm"][0], comm_b=r["block_comm"][1])
+            for r in ops.get("rows", ()) if r["ranks"] == ranks and r["tp"] == tp}
     if b in have:
         return {k: have[b][k] for k in OP_KEYS}
     if len(have) < 2:

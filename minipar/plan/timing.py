@@ -7,7 +7,9 @@ Per block and micro-batch on one rank:
 
 - this machine, with lesson 05's GPT's operations measured (``Hardware.ops``,
   ``measured_ops``): a block's forward and backward, and the ends', are the seconds measured at
-  the configuration's (ranks, tp, b), in place of the two items below;
+  the configuration's (ranks, tp, b), in place of the two items below; with more ranks than
+  cores, so are its TP collectives (the ring steps as the group met them, k ranks computing),
+  in place of the ring formula below;
 - matmuls: their FLOPs (``models.layer_flops``) / (peak x matmul_fraction);
 - memory-bound operations (LayerNorm, GeLU, softmax, dropout, residuals): every activation the
   forward stores is written and read once there (2 passes over the block's activation bytes),
@@ -157,10 +159,12 @@ def prefetch_share(prob: Problem, cfg: Configs):
 def measured_ops(prob: Problem, cfg: Configs, b):
     """This machine, its model's operations measured (``Hardware.ops``, ``machine.measure_ops``):
     {block_f, block_b, ends_f, ends_b} arrays (seconds per micro-batch, the TP collectives left
-    out) and ``found``, where a configuration's shapes were measured (cp = 1, no sequence
-    parallelism, its (ranks, tp, b)); None when the record has none for this model. Measured with
-    k ranks computing at once, they hold what sharing the cores costs; without the
-    oversubscription model they are scaled back to a core each (x cores / k)."""
+    out), {comm_f, comm_b} (one block's TP collectives, forward and backward, as measured) and
+    ``found``, where a configuration's shapes were measured (cp = 1, no sequence parallelism, its
+    (ranks, tp, b)); None when the record has none for this model. Measured with k ranks computing
+    at once, they hold what sharing the cores costs; without the oversubscription model they are
+    scaled back to a core each (x cores / k), and ``comm_found`` is False: each rank its own core,
+    the ring formula prices the collectives."""
     hw = prob.hw
     if not ops_apply(hw.ops, prob.model):
         return None
@@ -169,8 +173,10 @@ def measured_ops(prob: Problem, cfg: Configs, b):
             for t, bb, c, s in zip(np.broadcast_to(cfg.tp, (len(cfg),)), np.broadcast_to(b, (len(cfg),)),
                                    np.broadcast_to(cfg.cp, (len(cfg),)), np.broadcast_to(cfg.sequence_parallel, (len(cfg),)))]
     scale = min(1.0, hw.cores / k) if hw.cores and not hw.oversubscription else 1.0
-    out = {key: np.array([r[key] * scale if r else 0.0 for r in rows]) for key in ("block_f", "block_b", "ends_f", "ends_b")}
+    out = {key: np.array([r[key] * scale if r else 0.0 for r in rows]) for key in ("block_f", "block_b", "ends_f", "ends_b",
+                                                                                   "comm_f", "comm_b")}
     out["found"] = np.array([r is not None for r in rows])
+    out["comm_found"] = out["found"] & bool(hw.oversubscription and hw.cores and k > hw.cores)
     return out
 
 
@@ -206,6 +212,9 @@ def stage_times(prob: Problem, cfg: Configs, mem=None) -> dict:
                    _ring(block_bytes, tp, prob.inter, f, "all_reduce"))  # SP: all-gather + reduce-scatter, same ring
     n_fwd = np.where(rec == "full", 4, 2)
     tp_f, tp_b = 2 * one, n_fwd * one
+    if ops is not None:  # this machine, ranks > cores: the ring steps as measured among ranks computing
+        tp_f = np.where(ops["comm_found"], ops["comm_f"], tp_f)
+        tp_b = np.where(ops["comm_found"], ops["comm_b"] + np.where(rec == "full", ops["comm_f"], 0), tp_b)
 
     cp_intra = tp * cp <= prob.gpus_per_node
     kv = 2 * b * (m.seq / cp) * m.kv * m.d * e / tp  # K and V: kv_heads x head_dim wide (h without GQA)
