@@ -299,7 +299,9 @@ def collect(widths=WIDTHS, tps=(1, 2), batches=BATCHES, batch_width=None, n_new=
           f"alpha {two['alpha'] * 1e6:.1f} us", flush=True)
     best = {}
     jobs = [(d, t) for _ in range(rounds) for d in widths for t in tps]  # rounds interleaved: the best of each kept
-    print(f"{'d':>6}{'TP':>4}{'MB/rank':>10}{'ms/token':>10}{'CPU ms':>8}{'predicted':>11}{'pred/meas':>10}"
+    print("each job as it ends (the roofline alone: the per-token overhead, measured on the smallest width, "
+          "is added once every job has run, below)", flush=True)
+    print(f"{'d':>6}{'TP':>4}{'MB/rank':>10}{'ms/token':>10}{'CPU ms':>8}{'roofline':>11}{'roof/meas':>10}"
           f"{'GB/s read':>11}{'probe before, after':>21}{'STREAM':>8}", flush=True)
     for d, t in progress(jobs, desc="widths x TP", total=len(jobs), unit="job"):
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
