@@ -26,6 +26,7 @@ says which signal), only later. The ranks' environment has no rendezvous of an o
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pickle
@@ -442,8 +443,10 @@ def _raise_stopped(signum, frame):
 @contextlib.contextmanager
 def ending_on_signals():
     """SIGTERM and SIGHUP inside the block raise :class:`Stopped`, so the job is stopped and its
-    files removed; leaving the block, the signal ends this process with its default action (the
-    exit status names the signal, as it would have without us).
+    files removed; leaving the block, a ``SystemExit`` unwinds the caller's clean-ups too (a
+    temporary file a benchmark removes in its ``finally``), and when the interpreter has finished,
+    the signal ends this process with its default action (``_end_by_pending_signal``: the exit
+    status names the signal, as it would have without us).
 
     Only where the signal would have killed this process outright (its handler is the default):
     a program with its own handler, or one run under ``nohup`` (SIGHUP ignored), keeps it. Only in
@@ -464,13 +467,25 @@ def ending_on_signals():
             raise  # an outer block's
         name = signal.Signals(stopped.signum).name
         print(f"minipar: {name}: the job was stopped, its ranks ended and its files removed", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), stopped.signum)  # the default action: this process ends here
-        raise SystemExit(128 + stopped.signum) from None  # (only if something blocks the signal)
+        _PENDING.append(stopped.signum)  # delivered again once every clean-up has run
+        raise SystemExit(128 + stopped.signum) from None
     finally:
         for sig in mine:
             signal.signal(sig, signal.SIG_DFL)
+
+
+_PENDING: list = []  # a signal ending_on_signals turned into SystemExit, to end this process with at exit
+
+
+@atexit.register  # at import, before most others: it runs after them (atexit's order is last in, first out)
+def _end_by_pending_signal():
+    """At the interpreter's exit, after a job was stopped by SIGTERM or SIGHUP: that signal again,
+    at its default action, so the exit status names it (the shell's 143, ``timeout``'s report)."""
+    if _PENDING:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(_PENDING[0], signal.SIG_DFL)
+        os.kill(os.getpid(), _PENDING[0])
 
 
 @contextlib.contextmanager

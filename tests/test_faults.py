@@ -328,6 +328,52 @@ def test_a_signal_ends_every_rank_and_leaves_nothing(argv, sig, private_tmp, tmp
         watch.clean()
 
 
+CALLER = """
+import os, sys
+from minipar.launcher import launch
+
+try:
+    launch(2, "sleeper:ring_pass", x=0)
+finally:
+    open(sys.argv[1], "w").write("the caller's clean-up ran")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_runs_the_callers_clean_ups_before_the_process_ends_by_it(sig, private_tmp, tmp_path):
+    """A program that launches a job inside its own try/finally (a benchmark removing its
+    temporary machine record): on SIGTERM or SIGHUP the job is stopped, the caller's ``finally``
+    runs, and only then does the process end by the signal (status -sig). Ending the process
+    inside the launch, as minipar once did, skipped every clean-up above it."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "caller.py").write_text(CALLER)
+    marker = tmp_path / "cleaned"
+    mark = uuid.uuid4().hex
+    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}
+    cmd = subprocess.Popen([sys.executable, str(tmp_path / "caller.py"), str(marker)], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_from_a_terminal)
+    watch = Watch(mark)
+    try:
+        deadline = time.monotonic() + 90
+        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
+            watch.poll()
+            time.sleep(0.05)
+        assert cmd.poll() is None, "the program ended before it could be signalled:\n" + cmd.stdout.read()
+        cmd.send_signal(sig)
+        output, _ = cmd.communicate(timeout=60)
+        assert cmd.returncode == -sig, (cmd.returncode, output)
+        assert marker.exists(), output
+        assert "Traceback" not in output and not watch.left(), (output, watch.left())
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+            cmd.wait()
+        watch.clean()
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_sigkill_to_the_command_still_ends_its_ranks(private_tmp, tmp_path):
