@@ -328,6 +328,45 @@ def test_a_signal_ends_every_rank_and_leaves_nothing(argv, sig, private_tmp, tmp
         watch.clean()
 
 
+def as_under_nohup():
+    """As ``nohup`` starts a command: SIGHUP ignored (and SIGTERM at its default)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(150)
+def test_under_nohup_a_sighup_changes_nothing_and_a_sigterm_still_ends_it(private_tmp, tmp_path):
+    """A command started under ``nohup`` keeps SIGHUP ignored: a closed terminal does not stop its
+    job (its ranks, grading a solution that sleeps, still run seconds later), while SIGTERM still
+    ends every rank, leaves nothing and is the exit status."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    mark = uuid.uuid4().hex
+    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark, "PYTHONPATH": os.environ["PYTHONPATH"]}
+    argv = ["check", "01", "--task", "1.1", "--file", str(tmp_path / "sleeper.py")]
+    cmd = subprocess.Popen([sys.executable, "-m", "minipar", *argv], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_under_nohup)
+    watch = Watch(mark)
+    try:
+        deadline = time.monotonic() + 90
+        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
+            watch.poll()
+            time.sleep(0.05)
+        assert cmd.poll() is None, "the command ended before it could be signalled:\n" + cmd.stdout.read()
+        cmd.send_signal(signal.SIGHUP)
+        time.sleep(3)
+        assert cmd.poll() is None and job_processes(mark), "SIGHUP under nohup stopped the job"
+        cmd.send_signal(signal.SIGTERM)
+        output, _ = cmd.communicate(timeout=60)
+        assert cmd.returncode == -signal.SIGTERM, (cmd.returncode, output)
+        assert "SIGHUP" not in output and not watch.left(), (output, watch.left())
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+            cmd.wait()
+        watch.clean()
+
+
 CALLER = """
 import os, sys
 from minipar.launcher import launch
