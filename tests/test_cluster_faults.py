@@ -145,7 +145,7 @@ def test_a_deleted_node_ends_the_job_and_the_run_resumes_on_the_node_left_on_ano
     newest complete checkpoint passes its checksums and resumes on node 0's 2 ranks as tp = 2: the
     losses are the dense reference's from that step on (float64: 1e-10)."""
     from minipar.train.checkpoint import read_index
-    from minipar.train.trainer import train_reference
+    from minipar.train.reference import train_reference
 
     state = N.up(2, 1, "1gbit")
     try:

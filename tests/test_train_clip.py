@@ -19,7 +19,7 @@ from minipar.lessons.common import merge_rows
 from minipar.lessons.train import MOE, SHORT, label, make_config
 from minipar.optim import clip_grad_norm
 from minipar.train.config import check_shapes
-from minipar.train.trainer import train_reference
+from minipar.train.reference import train_reference
 
 CLIP = 0.5  # the reference's norms are 1.3 to 2.1 on these steps: every step clips
 # --clip-norm-type inf: the largest |element| over every rank, 0.15 to 0.23 on these steps

@@ -23,7 +23,7 @@ from minipar.nn import functional as F
 from minipar.nn.dropout import AttentionDropout, Draw
 from minipar.train.config import check_shapes
 from minipar.train.mutants import planted
-from minipar.train.trainer import train_reference
+from minipar.train.reference import train_reference
 
 P = 0.3
 B, T, D = 8, 8, 12  # global batch, positions, columns of one site

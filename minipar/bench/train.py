@@ -8,7 +8,7 @@ task, global batch 32 x 32 tokens):
 - this machine's matmul rate: one BLAS thread, a (1024 x 256) x (256 x 1024) float64 product,
   best of several (the ceiling a rank can reach);
 - the one-process baseline: the dense GPT, forward, backward and Adam, no communicator at all
-  (``train.trainer.dense_step``, the step of the one-process reference);
+  (``train.reference.dense_step``, the step of the one-process reference);
 - every 8-rank factorization dp x pp x tp, and grids of 1, 2 and 4 ranks, each launched on
   its own (mpiexec), timed over ``--steps`` steps after one warm-up step;
 - minor page faults per timed step (``resource.getrusage``, rank 0, after the warm-up): a rank
@@ -76,7 +76,8 @@ def bench_rank(comm, cfg, steps, baseline=False, rate=False):
     if baseline:
         from ..optim import Adam
         from ..train.model import GPT
-        from ..train.trainer import dense_step, make_data
+        from ..train.config import make_data
+        from ..train.reference import dense_step
 
         model, data = GPT(cfg.model, cfg.seed), make_data(cfg)
         opt = Adam([p for _, p in model.named_parameters()], lr=cfg.lr)

@@ -364,7 +364,7 @@ def cmd_train(args) -> int:
               f"between nodes, per rank: {' '.join(f'{b:,}' for b in links['inter_per_rank'])}")
     ok = True
     if args.compare:
-        from ..train.trainer import train_reference
+        from ..train.reference import train_reference
 
         from ..train.precision import tolerances
 

@@ -282,7 +282,8 @@ def figure_runs(comm, steps=5, grids=GRIDS8, modes=MODES, mode_grids=None, trace
     "memory" {label: {mode: [(coords, measured, formula)]}}, "trace" (events), "traced",
     "groups" [(world rank, coords, {axis: world ranks})] of the traced grid, "generation"
     {tp: (texts, seconds per token)}."""
-    from ..train.trainer import Trainer, train, train_reference
+    from ..train.reference import train_reference
+    from ..train.trainer import Trainer, train
     from ..trace import merge
 
     rows, curves, memory, events, traced_label, groups = [], {}, {}, [], None, []

@@ -41,7 +41,8 @@ def precision_runs(comm, steps=12, grid=(2, 2, 2, "1f1b", False), data="sorting"
     {"rows"} and on world rank 0 also "curves" {precision: (grid losses, one-process losses)}."""
     from ..lessons.common import rel_error
     from ..train.precision import tolerances
-    from ..train.trainer import train, train_reference
+    from ..train.reference import train_reference
+    from ..train.trainer import train
 
     dp, pp, tp, schedule, sp = grid
     rows, curves = [], {}
@@ -104,7 +105,8 @@ def clip_runs(comm, steps=3, grid=(2, 2, 2, "1f1b", False), clip=0.5, bugs=CLIP_
     "clip", "grid" (its label)."""
     from ..lessons.common import rel_error
     from ..train.mutants import planted
-    from ..train.trainer import train, train_reference
+    from ..train.reference import train_reference
+    from ..train.trainer import train
 
     dp, pp, tp, schedule, sp = grid
     cfg = grid_config(dp, pp, tp, schedule, sp, steps, data=data).with_(clip=clip)

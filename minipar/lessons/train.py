@@ -152,7 +152,8 @@ def check_grids(comm, configs, steps=5, mutant=None):
     float32's noise level moves by up to lr = 1e-3 in a direction the rounding decides (a few
     such elements in 5 steps give ~3e-5 relative to the largest weight)."""
     from ..train.mutants import planted
-    from ..train.trainer import train, train_reference
+    from ..train.reference import train_reference
+    from ..train.trainer import train
 
     refs, rows = {}, []
     for i, kw in enumerate(configs):

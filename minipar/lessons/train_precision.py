@@ -42,7 +42,7 @@ def reference(cfg) -> dict:
     """One process trained as ``cfg`` says, at its precision: {"losses", "params", "record" (tokens
     per expert), "norms" (with clip), "skipped" (fp16's skipped steps), "f64" (the losses of one
     float64 process; None in float64, and when a step was skipped, as float64 takes every step)}."""
-    from ..train.trainer import train_reference
+    from ..train.reference import train_reference
 
     record, norms, skipped = [], [], []
     losses, params = train_reference(cfg, record=record, norms=norms, skipped=skipped)

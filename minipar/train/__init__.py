@@ -9,7 +9,8 @@
     config.py     TrainConfig (a ``minipar.layout.Layout``: the grid dp x pp x cp x tp, schedule,
                   ...; plus model, data) and check_shapes
     trainer.py    the step composing TP layers, CP attention, experts, the pipeline executor and
-                  the DP/ZeRO engine; the one-process reference
+                  the DP/ZeRO engine
+    reference.py  the one-process reference every grid must reproduce: the same steps, dense
     experts.py    the mixture-of-experts bookkeeping: expert units, what the MoE layers report
     precision.py  mixed precision: which dtype computes and which keeps, fp16's dynamic loss scale,
                   the tolerances per precision
