@@ -1,5 +1,6 @@
 """Nothing hangs, nothing lies, nothing is left behind: a raising rank ends the job, a deadlock
 is reported by the watchdog, and every job leaves the temporary directory as it found it."""
+import contextlib
 import os
 import re
 import shutil
@@ -296,6 +297,31 @@ def as_from_a_terminal():
         signal.signal(sig, signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def running(command, private_tmp, preexec, pythonpath=()):
+    """``command`` (a Python command line) started as a terminal (or ``nohup``: ``preexec``) would,
+    in its own session, waited for until its ranks run (hydra's proxy has made its file): yields
+    (the process, its ``Watch``, its job's mark); on leaving, whatever of it is left is killed."""
+    mark = uuid.uuid4().hex
+    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark,
+           "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), os.environ["PYTHONPATH"]])}
+    cmd = subprocess.Popen([sys.executable, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True, preexec_fn=preexec)
+    watch = Watch(mark)
+    try:
+        deadline = time.monotonic() + 90
+        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
+            watch.poll()
+            time.sleep(0.05)
+        assert cmd.poll() is None, "the command ended before it could be signalled:\n" + cmd.stdout.read()
+        yield cmd, watch, mark
+    finally:
+        if cmd.poll() is None:
+            cmd.kill()
+            cmd.wait()
+        watch.clean()
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("argv,sig", SIGNALLED)
@@ -306,26 +332,11 @@ def test_a_signal_ends_every_rank_and_leaves_nothing(argv, sig, private_tmp, tmp
         pytest.skip("torch not installed")
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     argv = [a.format(sleeper=tmp_path / "sleeper.py") for a in argv]
-    mark = uuid.uuid4().hex
-    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark, "PYTHONPATH": os.environ["PYTHONPATH"]}
-    cmd = subprocess.Popen([sys.executable, "-m", "minipar", *argv], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_from_a_terminal)
-    watch = Watch(mark)
-    try:
-        deadline = time.monotonic() + 90
-        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
-            watch.poll()  # until the ranks run: hydra's proxy has made its file
-            time.sleep(0.05)
-        assert cmd.poll() is None, "the command ended before it could be signalled:\n" + cmd.stdout.read()
+    with running(["-m", "minipar", *argv], private_tmp, as_from_a_terminal) as (cmd, watch, _):
         cmd.send_signal(sig)
         output, _ = cmd.communicate(timeout=60)
         assert cmd.returncode == -sig, (cmd.returncode, output)
         assert not watch.left(), f"left behind: {watch.left()}\n{output}"
-    finally:
-        if cmd.poll() is None:
-            cmd.kill()
-            cmd.wait()
-        watch.clean()
 
 
 def as_under_nohup():
@@ -341,18 +352,8 @@ def test_under_nohup_a_sighup_changes_nothing_and_a_sigterm_still_ends_it(privat
     job (its ranks, grading a solution that sleeps, still run seconds later), while SIGTERM still
     ends every rank, leaves nothing and is the exit status."""
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    mark = uuid.uuid4().hex
-    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark, "PYTHONPATH": os.environ["PYTHONPATH"]}
     argv = ["check", "01", "--task", "1.1", "--file", str(tmp_path / "sleeper.py")]
-    cmd = subprocess.Popen([sys.executable, "-m", "minipar", *argv], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_under_nohup)
-    watch = Watch(mark)
-    try:
-        deadline = time.monotonic() + 90
-        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
-            watch.poll()
-            time.sleep(0.05)
-        assert cmd.poll() is None, "the command ended before it could be signalled:\n" + cmd.stdout.read()
+    with running(["-m", "minipar", *argv], private_tmp, as_under_nohup) as (cmd, watch, mark):
         cmd.send_signal(signal.SIGHUP)
         time.sleep(3)
         assert cmd.poll() is None and job_processes(mark), "SIGHUP under nohup stopped the job"
@@ -360,11 +361,6 @@ def test_under_nohup_a_sighup_changes_nothing_and_a_sigterm_still_ends_it(privat
         output, _ = cmd.communicate(timeout=60)
         assert cmd.returncode == -signal.SIGTERM, (cmd.returncode, output)
         assert "SIGHUP" not in output and not watch.left(), (output, watch.left())
-    finally:
-        if cmd.poll() is None:
-            cmd.kill()
-            cmd.wait()
-        watch.clean()
 
 
 CALLER = """
@@ -389,28 +385,12 @@ def test_a_signal_runs_the_callers_clean_ups_before_the_process_ends_by_it(sig, 
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     (tmp_path / "caller.py").write_text(CALLER)
     marker = tmp_path / "cleaned"
-    mark = uuid.uuid4().hex
-    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark,
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]])}
-    cmd = subprocess.Popen([sys.executable, str(tmp_path / "caller.py"), str(marker)], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=as_from_a_terminal)
-    watch = Watch(mark)
-    try:
-        deadline = time.monotonic() + 90
-        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
-            watch.poll()
-            time.sleep(0.05)
-        assert cmd.poll() is None, "the program ended before it could be signalled:\n" + cmd.stdout.read()
+    with running([str(tmp_path / "caller.py"), str(marker)], private_tmp, as_from_a_terminal, [tmp_path]) as (cmd, watch, _):
         cmd.send_signal(sig)
         output, _ = cmd.communicate(timeout=60)
         assert cmd.returncode == -sig, (cmd.returncode, output)
         assert marker.exists(), output
         assert "Traceback" not in output and not watch.left(), (output, watch.left())
-    finally:
-        if cmd.poll() is None:
-            cmd.kill()
-            cmd.wait()
-        watch.clean()
 
 
 @pytest.mark.mpi
