@@ -403,23 +403,11 @@ def test_sigkill_to_the_command_still_ends_its_ranks(private_tmp, tmp_path):
     if not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux's")
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    mark = uuid.uuid4().hex
-    env = {**rank_env(), "TMPDIR": str(private_tmp), MARK: mark, "PYTHONPATH": os.environ["PYTHONPATH"]}
-    cmd = subprocess.Popen([sys.executable, "-m", "minipar", "check", "01", "--task", "1.1", "--file",
-                            str(tmp_path / "sleeper.py")], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.STDOUT, start_new_session=True)
-    watch = Watch(mark)
-    try:
-        deadline = time.monotonic() + 90
-        while not watch.files and cmd.poll() is None and time.monotonic() < deadline:
-            watch.poll()
-            time.sleep(0.05)
-        assert cmd.poll() is None and watch.files, "the job never started"
+    argv = ["-m", "minipar", "check", "01", "--task", "1.1", "--file", str(tmp_path / "sleeper.py")]
+    with running(argv, private_tmp, None) as (cmd, watch, _):
         cmd.kill()  # SIGKILL to the command alone, not its group: mpiexec is in a session of its own anyway
         assert cmd.wait(timeout=10) == -signal.SIGKILL
         assert not watch.left(settle=15), f"left behind: {watch.left()}"
-    finally:
-        watch.clean()
     left = sorted(private_tmp.iterdir())
     assert {p.name.rsplit("-", 1)[0] for p in left} <= {"minipar-launch", "minipar-check"}, left
     for p in left:
