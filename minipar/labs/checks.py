@@ -419,6 +419,11 @@ class Answers:
 
 # --------------------------------------------------------------------------- the exercises' demos
 
+def draw(*shape, seed=0):
+    """The same random array on every rank (seeded by the shape)."""
+    return np.random.default_rng([seed, *shape]).standard_normal(shape)
+
+
 def attempt(call, invalid=None):
     """What a demo shows for one call of the learner's function: (its result, None), or (None,
     why): "not implemented yet (...)" while it raises NotImplementedError, or, for an exception

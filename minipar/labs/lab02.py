@@ -26,7 +26,7 @@ import numpy as np
 from ..nn import CausalSelfAttention
 from ..nn.functional import gelu_forward
 from ..xp import chunk_bounds, to_numpy
-from .checks import (COLLECTIVES, chunk_counts, compare, expect_traffic, graded, no_builtin, poisoned,
+from .checks import (COLLECTIVES, chunk_counts, compare, draw, expect_traffic, graded, no_builtin, poisoned,
                      ranks, ring_traffic, sent_by_learner, used_only_own, watched)
 from .grader import Task
 
@@ -121,11 +121,6 @@ HINTS = {
         """,
     ),
 }
-
-
-def draw(*shape, seed=0):
-    """The same random array on every rank (seeded by the shape)."""
-    return np.random.default_rng([seed, *shape]).standard_normal(shape)
 
 
 def mine(comm, n):

@@ -17,13 +17,13 @@ list of failure messages saying where the result differs or which rule was broke
   both ends (a + b == b + a bitwise, so the two copies take identical steps), the typical
   mistakes named (the own share only, the mean); exactly one gradient's bytes sent, to the other
   end only; the stages in between send nothing.
-* 5.5: dropout that does not depend on the grid. Every rank draws the keep mask of the elements
+* 5.5 (``minipar.labs.lab05_dropout``): dropout that does not depend on the grid. Every rank draws the keep mask of the elements
   it holds (global batch rows, positions, columns of a (B, T, D) site); the pieces of every split
   (columns over tp, rows over dp, zigzag positions over cp, two at once) must be the slices of the
   mask the same function draws for everything in one process, and that mask must be the same on
   every rank (a seed taken from the rank fails here). Nothing may travel. The typical mistake of
   Megatron's RNG tracker with one seed inside a TP region, drawing by the local index, is named.
-* 5.6: the global gradient norm that ``--clip`` clips by, on every grid of 2 and 4 ranks. Each
+* 5.6 (``minipar.labs.lab05_norm``): the global gradient norm that ``--clip`` clips by, on every grid of 2 and 4 ranks. Each
   rank is handed only its own pieces of a tiny GPT's gradients (its stage's parameters, its TP
   shard, its ZeRO shard over dp; the other dp ranks' elements NaN) and must return the norm of
   one process, float64, to 1e-12. The typical mistakes are named by the value they give: the
@@ -42,13 +42,12 @@ made by minipar's vocab-parallel loss or trainer called from the exercise.
 """
 from __future__ import annotations
 
-import zlib
 
 import numpy as np
 
 from ..nn.functional import cross_entropy
 from ..xp import chunk_bounds, to_numpy
-from .checks import (COLLECTIVES, attempt, chunk_counts, compare, expect_traffic, graded, no_builtin, poisoned,
+from .checks import (COLLECTIVES, attempt, chunk_counts, compare, draw, expect_traffic, graded, no_builtin, poisoned,
                      ring_traffic, sent_by_learner, stop, used_only_own, watched)
 from .grader import Task
 
@@ -63,8 +62,8 @@ TASKS = [
     Task("5.3", "tied-weight gradient sync", "sync_tied", f"{HERE}:check_sync_tied", sizes=(2, 4)),
     Task("5.4", "DP after the pipeline flush", "train_step", f"{HERE}_step:check_train_step", sizes=(2, 4),
          budget=20),  # 1.4 s on 4 ranks
-    Task("5.5", "grid-independent dropout", "dropout_mask", f"{HERE}:check_dropout", sizes=(2, 4)),
-    Task("5.6", "the global gradient norm", "global_grad_norm", f"{HERE}:check_grad_norm", sizes=(2, 4)),
+    Task("5.5", "grid-independent dropout", "dropout_mask", f"{HERE}_dropout:check_dropout", sizes=(2, 4)),
+    Task("5.6", "the global gradient norm", "global_grad_norm", f"{HERE}_norm:check_grad_norm", sizes=(2, 4)),
 ]
 
 # Hints, stage by stage (`minipar check 05 --hint 5.2`): a nudge naming the idea and what to read,
@@ -164,11 +163,6 @@ HINTS = {
         """,
     ),
 }
-
-
-def draw(*shape, seed=0):
-    """The same random array on every rank (seeded by the shape)."""
-    return np.random.default_rng([seed, *shape]).standard_normal(shape)
 
 
 # ---------------------------------------------------------------- 5.1: the grid's groups
@@ -397,196 +391,6 @@ def check_sync_tied(comm, fn):
     return []
 
 
-# ---------------------------------------------------------------- 5.5: grid-independent dropout
-
-DB, DT, DD = 8, 8, 24  # a site's global (batch, positions, columns): divisible by 2 and 4, zigzag over 2 and 4
-KEYS = [(0, 3, 1, 2), (7, 0, 5, 1)]  # (seed, step, layer, site)
-
-
-def dropout_splits(p, r):
-    """{split: (rows, positions, cols)} that rank r of p holds, split the ways a grid splits a site."""
-    from ..context_parallel import SeqLayout
-
-    every = (np.arange(DB), np.arange(DT), (0, DD))
-    cols = chunk_bounds(DD, p)[r]
-    rows = np.arange(*chunk_bounds(DB, p)[r])
-    out = {f"columns over tp = {p}": (every[0], every[1], cols),
-           f"rows over dp = {p} (its micro-batch of rows {rows[0]}..{rows[-1]})": (rows, every[1], every[2]),
-           f"zigzag positions over cp = {p}": (every[0], SeqLayout(DT, p).positions(r), every[2])}
-    if p == 4:  # dp 2 x tp 2: rank r = 2 d + t
-        d, t = divmod(r, 2)
-        out["rows over dp = 2 and columns over tp = 2"] = (np.arange(*chunk_bounds(DB, 2)[d]), every[1],
-                                                          chunk_bounds(DD, 2)[t])
-    return out
-
-
-def _mask(comm, fn, key, rows, positions, cols, p):
-    """The learner's mask as a bool array of the expected shape, or (None, failure)."""
-    g = graded(comm, lambda: fn(comm, key, rows.copy(), np.array(positions), cols, (DT, DD), p))
-    fails = no_builtin(comm, g, "dropout_mask", "nothing: no message is needed")
-    fails = fails or expect_traffic(comm, g, "drawing the mask of the elements this rank holds", 0,
-                                    hint="each rank can draw its own elements: nothing needs to travel")
-    want = (len(rows), len(positions), cols[1] - cols[0])
-    got = None if g.out is None else to_numpy(g.out)
-    if not fails and (got is None or tuple(got.shape) != want):
-        fails = [f"rank {comm.rank}: dropout_mask returned {None if got is None else tuple(got.shape)}, expected a "
-                 f"keep mask of shape {want} (rows, positions, columns held)"]
-    return (None, fails) if fails else (got.astype(bool), [])
-
-
-def check_dropout(comm, fn):
-    r = comm.rank
-    for key in KEYS:
-        for prob in (0.25, 0.5):
-            case = f"key (seed, step, layer, site) = {key}, p = {prob}, a site of global shape ({DB}, {DT}, {DD})"
-            full, fails = _mask(comm, fn, key, np.arange(DB), np.arange(DT), (0, DD), prob)
-            if not fails:
-                rank0 = comm.builtin.bcast_object(full, 0)
-                if not np.array_equal(full, rank0):
-                    fails = [f"rank {r} drew another mask than rank 0 for the same elements ({case}): the mask must be a "
-                             f"function of the key and the element's global index, not of the rank drawing it (a seed "
-                             f"taken from the rank gives every grid other masks, and other losses)"]
-            if not fails and abs(full.mean() - (1 - prob)) > 0.06:
-                fails = [f"rank {r}: the mask keeps {full.mean():.3f} of the elements, expected about 1 - p = "
-                         f"{1 - prob} ({case})"]
-            if not fails:
-                other, fails = _mask(comm, fn, (key[0], key[1] + 1) + key[2:], np.arange(DB), np.arange(DT), (0, DD), prob)
-                if not fails and np.array_equal(other, full):
-                    fails = [f"rank {r}: the next step draws the same mask ({case}): the key (seed, step, layer, site) "
-                             f"must enter the draw"]
-            if stop(comm, fails):  # every rank's one-process mask first: a rank's seed shows here
-                return fails
-            for split, (rows, positions, cols) in dropout_splits(comm.size, r).items():
-                piece, fails = _mask(comm, fn, key, rows, positions, cols, prob)
-                if fails:
-                    break
-                want = full[np.ix_(rows, positions, np.arange(*cols))]
-                if not np.array_equal(piece, want):
-                    lo, hi = cols
-                    local = full[:len(rows), :len(positions), :hi - lo]
-                    fails = [f"rank {r}: the mask of rows {rows[0]}..{rows[-1]}, positions {[int(i) for i in positions]}, columns "
-                             f"{lo}:{hi} ({split}; {case}) is not those elements' mask in one process"
-                             + (": it is one process's mask of the first rows, positions and columns, drawn by the "
-                                "local index (every TP rank then drops the same columns of its shard, Megatron's "
-                                "shared seed inside a TP region): count from the element's global index"
-                                if np.array_equal(piece, local) else "")]
-                    break
-            if stop(comm, fails):
-                return fails
-    return []
-
-
-# ---------------------------------------------------------------- 5.6: the global gradient norm
-
-NC, NV, NT, NL = 8, 24, 6, 4  # a tiny GPT: width, vocabulary, positions, layers (4: over 1, 2 or 4 stages)
-LAYER = {"ln1.gamma": ((NC,), None), "attn.qkv.w": ((NC, 3 * NC), 1), "attn.proj.w": ((NC, NC), 0),
-         "attn.proj.b": ((NC,), None), "mlp.fc.w": ((NC, 4 * NC), 1), "mlp.fc.b": ((4 * NC,), 0)}  # shape, TP axis
-NORM_GRIDS = {2: [(1, 1, 2), (1, 2, 1), (2, 1, 1)], 4: [(1, 2, 2), (2, 2, 1), (2, 1, 2), (1, 4, 1)]}  # (dp, pp, tp)
-
-
-def stage_params(p, pp):
-    """[(name, shape, TP axis or None: whole on every TP rank)] of stage p of pp: the first holds
-    the embeddings, every stage NL/pp blocks, the last ln_f and the head, tied to wte (its copy is
-    listed again there when pp > 1)."""
-    out = [("wte", (NV, NC), 0), ("wpe", (NT, NC), None)] if p == 0 else []
-    per = NL // pp
-    out += [(f"h{i}.{k}", shape, ax) for i in range(p * per, (p + 1) * per) for k, (shape, ax) in LAYER.items()]
-    if p == pp - 1:
-        out += [("ln_f.gamma", (NC,), None)] + ([("wte", (NV, NC), 0)] if pp > 1 else [])
-    return out
-
-
-def norm_pieces(dp, pp, tp, coords, seed):
-    """What rank at coords = (d, p, t) holds: [(name, g, split, (lo, hi))], g its TP piece of the
-    parameter's gradient, flat, NaN outside its ZeRO shard lo:hi over dp; and the one-process
-    gradients {name: array}, every parameter once."""
-    d, p, t = coords
-    full = {n: draw(*shape, seed=seed + zlib.crc32(n.encode())) * (3.0 if ax is None else 1.0)
-            for q in range(pp) for n, shape, ax in stage_params(q, pp)}  # replicated ones larger: their count shows
-    out = []
-    for name, shape, ax in stage_params(p, pp):
-        g = full[name]
-        if ax is not None:
-            a, b = chunk_bounds(shape[ax], tp)[t]
-            g = np.take(g, np.arange(a, b), axis=ax)
-        g = g.ravel()
-        lo, hi = chunk_bounds(g.size, dp)[d]
-        out.append((name, poisoned(g, slice(lo, hi)), ax is not None, (lo, hi)))
-    return out, full
-
-
-def norm_mistakes(dp, pp, tp, coords, full):
-    """{what a typical mistake gives on this rank: its name}, to say which one a wrong norm is."""
-    d, p, t = coords
-
-    def norm(stages, tp_times=1, tied=1, dp_part=False, own=False):
-        s = 0.0
-        for q in stages:
-            for name, shape, ax in stage_params(q, pp):
-                if name == "wte" and q == pp - 1 and pp > 1 and tied == 1:
-                    continue
-                g = full[name]
-                if own and ax is not None:
-                    a, b = chunk_bounds(shape[ax], tp)[t]
-                    g = np.take(g, np.arange(a, b), axis=ax)
-                g = g.ravel()
-                if dp_part:
-                    g = g[slice(*chunk_bounds(g.size, dp)[d])]
-                s += float(np.sum(g * g)) * (tp_times if ax is None else 1)
-        return float(np.sqrt(s))
-
-    every = range(pp)
-    out = {norm([p], tied=2, own=True, dp_part=True): "the norm of this rank's own pieces only: every rank holds a part of "
-                                               "the model, so the sum of squares must be added up over the whole grid"}
-    if tp > 1:
-        out[norm(every, tp_times=tp)] = (f"the parameters held whole on every TP rank (LayerNorms, row-parallel "
-                                         f"biases, wpe) counted on each of them: {tp} times; let one TP rank count them")
-    if pp > 1:
-        out[norm(every, tied=2)] = ("the tied embedding counted on the first and on the last stage: it is one "
-                                    "parameter, let one end count it")
-        out[norm([p])] = "the sum over the pipeline is missing: that is the norm of this rank's stage only"
-    if dp > 1:
-        out[norm(every, dp_part=True)] = ("the sum over dp is missing: each dp rank holds only its ZeRO shard, the "
-                                          "shards add up over grid.dp")
-    return out
-
-
-def check_grad_norm(comm, fn):
-    from ..grid import Grid
-
-    r = comm.rank
-    for dp, pp, tp in NORM_GRIDS.get(comm.size, [(1, 1, comm.size)]):
-        grid = Grid(comm, dp, pp, tp)
-        for seed in (0, 1):
-            pieces, full = norm_pieces(dp, pp, tp, grid.coords, seed)
-            want = float(np.sqrt(sum(float(np.sum(g * g)) for g in full.values())))
-            case = f"dp{dp} pp{pp} tp{tp}, rank {r} at (d, p, t) = {grid.coords}, seed {seed}"
-            g = graded(comm, lambda: fn(grid, [(n, a.copy(), s, c) for n, a, s, c in pieces]))
-            fails = no_builtin(comm, g, "global_grad_norm", INSTEAD)
-            got = None
-            if not fails:
-                try:
-                    got = float(to_numpy(g.out)) if g.out is not None else None
-                except (TypeError, ValueError):
-                    got = None
-                if got is None:
-                    fails = [f"rank {r}: global_grad_norm returned {type(g.out).__name__}, expected the norm, a float "
-                             f"({case})"]
-            if not fails and not (abs(got - want) <= 1e-12 * want):
-                head = f"rank {r}: the norm is {got!r}, expected {want!r}, the norm of one process ({case})"
-                if np.isnan(got):
-                    fails = [f"{head}: NaN comes from the poison, the other dp ranks' elements of a ZeRO-sharded "
-                             f"gradient: only g[lo:hi] is this rank's"]
-                else:
-                    named = [why for v, why in norm_mistakes(dp, pp, tp, grid.coords, full).items()
-                             if abs(got - v) <= 1e-9 * v]
-                    fails = [head + (f": {named[0]}" if named else "")]
-            fails = fails or sent_by_learner(comm, g, fn, "global_grad_norm", INSTEAD, COLLECTIVES)
-            if stop(comm, fails):
-                return fails
-    return []
-
-
 # ---------------------------------------------------------------- the exercise's demo
 
 def demo(comm, grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step, dropout_mask=None,
@@ -628,6 +432,8 @@ def demo(comm, grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step,
             print(f"\n== 5.4 a step of {st.label} with your train_step: "
                   + (why or f"largest gradient difference from one process on any rank {max(errs):.2g}"), flush=True)
     if dropout_mask is not None:
+        from .lab05_dropout import DB, DD, DT, KEYS
+
         full, why = attempt(lambda: dropout_mask(comm, KEYS[0], np.arange(DB), np.arange(DT), (0, DD), (DT, DD), 0.5))
         lo, hi = chunk_bounds(DD, p)[r]
         mine, why = (None, why) if why else attempt(lambda: dropout_mask(comm, KEYS[0], np.arange(DB), np.arange(DT),
@@ -639,6 +445,7 @@ def demo(comm, grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step,
                   f"{same}", flush=True)
     if global_grad_norm is not None and grid is not None:
         from ..grid import Grid
+        from .lab05_norm import norm_pieces
 
         g3 = Grid(comm, *grid)
         pieces, full = norm_pieces(*grid, g3.coords, 0)
