@@ -61,8 +61,9 @@ def measure_and_report(n: int = 2, out: str | None = None, grids=None, progress=
     print("oversubscribed: " + ", ".join(f"{n} ranks: alpha {r['alpha'] * 1e6:.0f} us, 1/beta {1 / max(r['beta'], 1e-30) / 1e9:.2f} GB/s"
                                          for n, r in rec["oversubscribed"].items()))
     report_ops(rec)
-    reads = "the planner's this-machine preset reads it" if out == machine_file() else f"MINIPAR_MACHINE={out} makes the planner read it"
-    print(f"wrote {out} ({reads})")
+    if with_ops:  # a preset of its own; without the operations, part of a run that adds them (bench plan)
+        reads = "the planner's this-machine preset reads it" if out == machine_file() else f"MINIPAR_MACHINE={out} makes the planner read it"
+        print(f"wrote {out} ({reads})")
     return rec
 
 

@@ -98,14 +98,14 @@ def within(rows, key="predicted_s", tolerance=0.25) -> int:
     return sum(abs(r[key] / r["measured_s"] - 1) <= tolerance for r in rows)
 
 
-def unsteady(rows, tolerance=0.25) -> int:
+def unsteady(rows, tolerance=0.25) -> int | None:
     """How many of ``rows`` had a launch outside +-``tolerance`` of their own median: grids whose
-    measurement alone spreads wider than the prediction is asked to be right. None for a run of
-    one launch a grid (nothing to compare)."""
-    if not rows or any(r.get("measured_range", [0, 0])[0] == r.get("measured_range", [0, 0])[1] for r in rows):
+    measurement alone spreads wider than the prediction is asked to be right. None where a row
+    was launched once (no ``measured_range``: nothing to compare)."""
+    if not rows or any("measured_range" not in r for r in rows):
         return None
-    return sum(lo < (1 - tolerance) * r["measured_s"] or hi > (1 + tolerance) * r["measured_s"]
-               for r in rows for lo, hi in [r.get("measured_range", [r["measured_s"]] * 2)])
+    return sum(r["measured_range"][0] < (1 - tolerance) * r["measured_s"] or r["measured_range"][1] > (1 + tolerance) * r["measured_s"]
+               for r in rows)
 
 
 PART_NAMES = {"compute": "compute", "tp_comm": "tp comm", "pp_bubble": "pp bubble", "dp_comm": "dp comm",
@@ -150,27 +150,27 @@ def measure_machine(path: str, grids=None, progress=lambda jobs, **_: jobs, with
     return measure_and_report(2, path, grids, progress, with_ops)
 
 
-def predictions(dp, pp, tp, presets) -> dict:
-    """The planner's three predictions of a grid from ``presets`` (the model, the model without
-    oversubscription, the large matmul's rate: ``presets_from``), and the model's parts."""
+def predictions(dp, pp, tp, presets):
+    """(the row's fields, the model's ``Prediction``): the planner's three predictions of a grid
+    from ``presets`` (the model, the model without oversubscription, the large matmul's rate:
+    ``presets_from``), and the model's parts."""
     cfg = train_config(dp, pp, tp)
     p, q, old = (predict_run(cfg, hw) for hw in presets)
     return {"predicted_s": p.step_time_s, "no_oversubscription_s": q.step_time_s, "peak_rate_s": old.step_time_s,
-            "parts": p.parts}
+            "parts": p.parts}, p
 
 
 def grid_row(dp, pp, tp, runs, presets, out=print) -> dict:
     """One grid's row: the median of its launches' step times (``runs``: ``run_grid``'s results),
     the three predictions, and the memory check (the first launch's count: every launch holds the
-    same bytes)."""
-    cfg = train_config(dp, pp, tp)
+    same bytes). ``measured_range``: the fastest and slowest launch, where there were several."""
     n = dp * pp * tp
     steps = sorted(r["step_s"] for r in runs)
-    p = predict_run(cfg, presets[0])
-    errs = memory_errors(cfg, p, runs[0]["memory"])
+    fields, p = predictions(dp, pp, tp, presets)
+    errs = memory_errors(train_config(dp, pp, tp), p, runs[0]["memory"])
     worst = max(sum(m[k] for k in MEMORY_KEYS) for _, m in runs[0]["memory"])
-    r = {"grid": f"dp{dp} pp{pp} tp{tp}", "ranks": n, "measured_s": float(np.median(steps)), "measured_range": [steps[0], steps[-1]],
-         **predictions(dp, pp, tp, presets), "memory_measured": worst,
+    r = {"grid": f"dp{dp} pp{pp} tp{tp}", "ranks": n, "measured_s": float(np.median(steps)),
+         **({"measured_range": [steps[0], steps[-1]]} if len(steps) > 1 else {}), **fields, "memory_measured": worst,
          "memory_predicted": p.memory_bytes["total"] - p.memory_bytes["transient"],
          "memory_exact": all(e == 0 for e in errs.values()), "memory_errors": errs}
     spread = f"{steps[0]:.3f}-{steps[-1]:.3f}" if len(steps) > 1 else ""
@@ -180,14 +180,14 @@ def grid_row(dp, pp, tp, runs, presets, out=print) -> dict:
     return r
 
 
-def presets_from(path: str, measured_now=False):
+def presets_from(record: dict, measured_now=False):
     """(the model, the model without oversubscription, the large matmul's rate) from a machine
-    record file: the three presets every row is predicted with."""
+    record: the three presets every row is predicted with."""
     from dataclasses import replace
 
     from ..plan.hardware import this_machine
 
-    hw = this_machine("float64", path)
+    hw = this_machine("float64", record=record)
     if measured_now:
         hw = replace(hw, sources={"measured": "measured at the start of this run (as minipar bench machine -n 2 does)"})
     naive = replace(hw, oversubscription=False)
@@ -203,14 +203,14 @@ def summarize(rows, out=print) -> dict:
             continue
         with_, without = ranking(sel), ranking(sel, "no_oversubscription_s")
         errs = [r["predicted_s"] / r["measured_s"] - 1 for r in sel]
-        summary[name] = {"model": with_, "no_oversubscription": without, "median_abs_error": float(np.median(np.abs(errs))),
-                         "within_25": within(sel), "peak_rate_within_25": within(sel, "peak_rate_s"),
-                         "unsteady": unsteady(sel)}
+        s = summary[name] = {"model": with_, "no_oversubscription": without, "median_abs_error": float(np.median(np.abs(errs))),
+                             "within_25": within(sel), "peak_rate_within_25": within(sel, "peak_rate_s"),
+                             "unsteady": unsteady(sel)}
         out(f"\n{name} ({len(sel)}): Spearman {with_['spearman']:.2f} (without the oversubscription model "
             f"{without['spearman']:.2f}), Kendall {with_['kendall']:.2f} ({without['kendall']:.2f}); "
-            f"median |error| {summary[name]['median_abs_error']:.0%}; within +-25%: {within(sel)} "
-            f"(the large matmul's rate: {within(sel, 'peak_rate_s')})"
-            + ("" if unsteady(sel) is None else f"; a launch outside +-25% of its grid's median: {unsteady(sel)}"))
+            f"median |error| {s['median_abs_error']:.0%}; within +-25%: {s['within_25']} "
+            f"(the large matmul's rate: {s['peak_rate_within_25']})"
+            + ("" if s["unsteady"] is None else f"; a launch outside +-25% of its grid's median: {s['unsteady']}"))
         out(f"  fastest measured:  {', '.join(with_['top3_measured'])}")
         out(f"  fastest predicted: {', '.join(with_['top3_predicted'])}"
             f"   (without the model: {', '.join(without['top3_predicted'])})")
@@ -220,14 +220,8 @@ def summarize(rows, out=print) -> dict:
 def again(res: dict, out=print) -> dict:
     """A recorded run (``--json``) predicted again by today's planner from its own machine record:
     the measured steps and memory as recorded, every prediction and the summary recomputed."""
-    fd, tmp = tempfile.mkstemp(prefix="minipar-machine-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(res["machine"], f)
-    try:
-        presets = presets_from(tmp)
-    finally:
-        os.remove(tmp)
-    rows = [dict(r, **predictions(*(int(x[2:]) for x in r["grid"].split()), presets)) for r in res["rows"]]
+    presets = presets_from(res["machine"])
+    rows = [dict(r, **predictions(*(int(x[2:]) for x in r["grid"].split()), presets)[0]) for r in res["rows"]]
     return dict(res, rows=rows, summary=summarize(rows, out))
 
 
@@ -243,44 +237,39 @@ def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids
     its rounds: the probe and the runs it predicts are taken minutes apart at most, not the whole
     run apart, on a machine whose speed drifts."""
     from ..launcher import launch
-    from ..plan.machine import load, merged_ops, probe_launch
+    from ..plan.machine import OP_SECONDS, load, merged_ops, probe_launch
     from .machine import lesson05_ops, report_ops
 
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     grids = grids or GRIDS
     model, shapes = lesson05_ops(grids)
-    tmp = None
-    if machine is None:
+    measuring = machine is None
+    if measuring:  # measured now, into a file of its own (the user's cached preset stays)
         fd, tmp = tempfile.mkstemp(prefix="minipar-machine-", suffix=".json")
         os.close(fd)
-        measure_machine(tmp, grids, progress, with_ops=False)
-        machine = tmp
+        try:
+            record = measure_machine(tmp, grids, progress, with_ops=False)
+        finally:
+            os.remove(tmp)
+    else:
+        record = load(machine)
     ranks = sorted({dp * pp * tp for dp, pp, tp in grids})
     jobs = [job for _ in range(rounds) for k in ranks
-            for job in ([("probe", k)] if tmp else []) + [("grid", g) for g in grids if np.prod(g) == k]]
+            for job in ([("probe", k)] if measuring else []) + [("grid", g) for g in grids if np.prod(g) == k]]
     runs, probes, probe_s = {}, {}, 0.0
-    try:
-        for kind, x in progress(jobs, desc="probes and grids" if tmp else "grids", total=len(jobs), unit="launch"):
-            if kind == "probe":
-                t0 = time.perf_counter()
-                probes.setdefault(x, []).append(probe_launch(x, model, shapes))
-                probe_s += time.perf_counter() - t0
-            else:
-                dp, pp, tp = x
-                runs.setdefault(x, []).append(launch(dp * pp * tp, "minipar.bench.plan:run_grid", quiet=True, job_timeout=3600.0,
-                                                     cfg=train_config(dp, pp, tp), steps=steps).results[0])
-        if tmp:
-            with open(tmp) as f:
-                rec = json.load(f)
-            rec["ops"] = merged_ops(model, probes, 0.05, probe_s)
-            with open(tmp, "w") as f:
-                json.dump(rec, f, indent=1)
-            report_ops(rec)
-        hw, naive, peak = presets = presets_from(machine, measured_now=tmp is not None)
-        record = load(machine)
-    finally:
-        if tmp:
-            os.remove(tmp)
+    for kind, x in progress(jobs, desc="probes and grids" if measuring else "grids", total=len(jobs), unit="launch"):
+        if kind == "probe":
+            t0 = time.perf_counter()
+            probes.setdefault(x, []).append(probe_launch(x, model, shapes, OP_SECONDS))
+            probe_s += time.perf_counter() - t0
+        else:
+            dp, pp, tp = x
+            runs.setdefault(x, []).append(launch(dp * pp * tp, "minipar.bench.plan:run_grid", quiet=True, job_timeout=3600.0,
+                                                 cfg=train_config(dp, pp, tp), steps=steps).results[0])
+    if measuring:
+        record["ops"] = merged_ops(model, probes, OP_SECONDS, probe_s)
+        report_ops(record)
+    hw, naive, peak = presets = presets_from(record, measured_now=measuring)
     busy = ", ".join(f"{n} ranks {lk.alpha * 1e6:.0f} us" for n, lk in hw.busy)
     out(f"preset: {hw.peak_flops / 1e9:.2f} GFLOP/s per core, {hw.hbm_bandwidth / 1e9:.2f} GB/s, {hw.cores} cores, "
         f"alpha {hw.intra.alpha * 1e6:.0f} us ({busy or 'no oversubscribed alpha measured'}); {hw.sources['measured']}")
@@ -301,8 +290,9 @@ def validate(steps=2, machine=None, grids=None, out=print, progress=lambda grids
 def cmd_here(args, progress=lambda grids, **_: grids) -> int:
     from ..errors import UsageError
 
-    if args.json and output_problem(args.json):  # before any work
-        raise UsageError(f"--json {output_problem(args.json)}")
+    problem = args.json and output_problem(args.json)
+    if problem:  # before any work
+        raise UsageError(f"--json {problem}")
     if args.table and args.json:
         raise UsageError("--table prints a recorded run's tables and writes nothing: drop --json (or use --again FILE --json OUT)")
     if args.table or args.again:

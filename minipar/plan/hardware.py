@@ -170,13 +170,13 @@ PRESETS = {
 }
 
 
-def this_machine(dtype: str = "float64", path: str | None = None) -> Hardware:
-    """The preset `minipar bench machine` measured (``machine.load``): one "node" of ``cores``
-    cores whose ranks talk through shared memory. No calibration constants: rates and alpha/beta
-    are measured, and with more ranks than cores (``oversubscribed``) alpha/beta measured with
-    that many."""
-    m = load(path)
-    path = m["path"]
+def this_machine(dtype: str = "float64", path: str | None = None, record: dict | None = None) -> Hardware:
+    """The preset `minipar bench machine` measured (``machine.load``, or ``record``: such a record
+    already in hand, a recorded run's own): one "node" of ``cores`` cores whose ranks talk through
+    shared memory. No calibration constants: rates and alpha/beta are measured, and with more ranks
+    than cores (``oversubscribed``) alpha/beta measured with that many."""
+    m = load(path) if record is None else record
+    path = m.get("path", "the record in hand")
     if dtype not in m["matmul_flops"]:
         raise UsageError(f"dtype={dtype!r}: {path} has rates for {', '.join(m['matmul_flops'])}")
     shm = Link("shared memory", m["alpha"], 1.0 / m["beta"], "ping-pong between two ranks (minipar bench machine)")

@@ -190,7 +190,10 @@ def _per_rep(comm, fn, seconds, group=None, reps=None):
     return float(out[0]), float(out[1])
 
 
-def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) -> dict:
+OP_SECONDS = 0.05  # each timing of op_probe: the mean over a loop of at least this long
+
+
+def op_probe(comm, model: dict, shapes, seconds: float = OP_SECONDS, seed: int = 0) -> dict:
     """Rank side, every rank at once (as in training, k = comm.size ranks on the cores): the
     trainer's own layers (``train.model.build_stage``: a ``ParallelBlock``, the embedding, ln_f,
     the vocab-parallel head and its cross-entropy) on their TP groups (``tp`` consecutive ranks),
@@ -258,7 +261,7 @@ def op_probe(comm, model: dict, shapes, seconds: float = 0.05, seed: int = 0) ->
     return {"rows": rows, "adam": {"ranks": comm.size, "overhead": max(0.0, t0 - per * n0), "per_param": per}}
 
 
-def probe_launch(k: int, model: dict, shapes, seconds: float = 0.05) -> dict:
+def probe_launch(k: int, model: dict, shapes, seconds: float = OP_SECONDS) -> dict:
     """One job of ``k`` ranks running ``op_probe`` on the shapes of ``shapes`` ({(ranks, tp, b)})
     that have k ranks."""
     from ..launcher import launch
@@ -279,7 +282,7 @@ def merged_ops(model: dict, launches: dict, seconds: float, took_s: float) -> di
             "rounds": min(len(v) for v in launches.values()), "took_s": took_s}
 
 
-def measure_ops(model: dict, shapes, seconds: float = 0.05, progress=lambda jobs, **_: jobs, rounds: int = 3) -> dict:
+def measure_ops(model: dict, shapes, seconds: float = OP_SECONDS, progress=lambda jobs, **_: jobs, rounds: int = 3) -> dict:
     """``op_probe`` for every rank count of ``shapes`` ({(ranks, tp, b)}), each its own job of
     that many ranks, ``rounds`` times (the rounds interleaved): the record's ``ops``, each number
     the median of its launches. With more ranks than cores, which ranks the scheduler runs
