@@ -302,28 +302,28 @@ RECORDED = os.path.join(DOCS, "planner_here.json")  # the quiet run docs/planner
 RECORDS = ("planner_here.json", "planner_here_repeat.json", "planner_here_load.json")  # the quiet run, its repeat, one under load
 
 
-def recorded_predictions(record: dict, tmp_path, name: str, run_path=RECORDED):
-    """Every grid of the recorded run predicted again from ``record`` (a machine record): {grid: s}."""
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(record))
-    hw = this_machine("float64", str(path))
+def recorded_predictions(record: dict):
+    """Every grid of the quiet recorded run predicted again from ``record`` (a machine record): {grid: s}."""
+    hw = this_machine("float64", record=record)
     out = {}
-    for r in json.loads(open(run_path).read())["rows"]:
+    for r in json.loads(open(RECORDED).read())["rows"]:
         dp, pp, tp = (int(x[2:]) for x in r["grid"].split())
         out[r["grid"]] = predict_run(train_config(dp, pp, tp), hw).step_time_s
     return out
 
 
 @pytest.mark.parametrize("name", RECORDS)
-def test_every_recorded_run_is_predicted_from_its_own_machine_record_and_its_tables_are_the_docs(name, tmp_path):
-    """Each run's predictions come from its own machine record (predicted again: the same seconds),
-    its summary counts what its rows say, and the doc's tables are the tables ``--table`` prints."""
+def test_every_recorded_run_is_predicted_from_its_own_machine_record_and_its_tables_are_the_docs(name):
+    """Each run's predictions come from its own machine record (predicted again by ``--again``: the
+    same seconds), its summary counts what its rows say, and the doc's tables are the tables
+    ``--table`` prints."""
+    from minipar.bench.plan import again as predict_again
     from minipar.bench.plan import table
 
     path = os.path.join(DOCS, name)
     run = json.loads(open(path).read())
     rows = {r["grid"]: r for r in run["rows"]}
-    again = recorded_predictions(run["machine"], tmp_path, "same", path)
+    again = {r["grid"]: r["predicted_s"] for r in predict_again(run, out=lambda *_: None)["rows"]}
     assert all(again[g] == pytest.approx(rows[g]["predicted_s"], rel=1e-9) for g in rows)
     ok = {g for g, r in rows.items() if abs(r["predicted_s"] / r["measured_s"] - 1) <= 0.25}
     assert len(ok) == run["summary"]["all grids"]["within_25"]
@@ -331,7 +331,7 @@ def test_every_recorded_run_is_predicted_from_its_own_machine_record_and_its_tab
     assert table(run) in open(os.path.join(DOCS, "planner_validation.md")).read()
 
 
-def test_the_quiet_run_loses_grids_under_each_planted_error(tmp_path, monkeypatch):
+def test_the_quiet_run_loses_grids_under_each_planted_error(monkeypatch):
     """Four planted errors each lose grids the quiet run's model predicts within +-25%: the large
     matmul's rate in place of the operations (the record without ``ops``); a record missing the
     oversubscription measurement (no oversubscribed links, every operation at a core's speed:
@@ -345,21 +345,21 @@ def test_the_quiet_run_loses_grids_under_each_planted_error(tmp_path, monkeypatc
     rows = {r["grid"]: r for r in run["rows"]}
     ok = {g for g, r in rows.items() if abs(r["predicted_s"] / r["measured_s"] - 1) <= 0.25}
 
-    def lost(record, name):
-        pred = recorded_predictions(record, tmp_path, name)
+    def lost(record):
+        pred = recorded_predictions(record)
         return {g for g in ok if abs(pred[g] / rows[g]["measured_s"] - 1) > 0.25}
 
-    assert lost({k: v for k, v in run["machine"].items() if k != "ops"}, "peak_rate")  # BUG: the large matmul's rate
+    assert lost({k: v for k, v in run["machine"].items() if k != "ops"})  # BUG: the large matmul's rate
     ops, cores = run["machine"]["ops"], run["machine"]["cores"]
     solo = dict(run["machine"], oversubscribed={},  # BUG: the cores not shared: each rank's ops at a core's speed
                 ops=dict(ops, rows=[{**r, **{k: r[k] * min(1, cores / r["ranks"]) for k in ("block_f", "block_b", "ends_f", "ends_b")}}
                                     for r in ops["rows"]]))
-    assert lost(solo, "solo")
+    assert lost(solo)
     silent = dict(run["machine"], ops=dict(ops, rows=[dict(r, block_comm=[0.0, 0.0]) for r in ops["rows"]]))
-    assert lost(silent, "silent")  # BUG: the TP collectives taken out and never added
+    assert lost(silent)  # BUG: the TP collectives taken out and never added
     real = timing.measured_ops
     monkeypatch.setattr(timing, "measured_ops", lambda *a: None if real(*a) is None else dict(real(*a), comm_found=False))
-    assert lost(run["machine"], "ring")  # BUG: the ring formula's collectives, as the model before
+    assert lost(run["machine"])  # BUG: the ring formula's collectives, as the model before
 
 
 @pytest.mark.mpi
