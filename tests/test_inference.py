@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from minipar.errors import UsageError
@@ -162,3 +163,19 @@ def test_each_width_is_predicted_as_roofline_plus_the_cache_resident_widths_over
     assert by[1024, 2]["predicted_token_s"] == pytest.approx(25e-3 + 3.4e-3)
     assert by[1024, 2]["roofline_token_s"] == pytest.approx(25e-3)
     assert by[1024, 2]["predicted_stream_token_s"] == pytest.approx(50e-3 + 3.4e-3)
+
+
+def test_the_read_probe_divides_by_the_median_read_not_the_luckiest(monkeypatch):
+    """Five reads timed 1, 5, 2, 3, 4 s (wall) and 2, 2, 6, 4, 1 s (CPU): the rates are the bytes over
+    the median, 3 s and 2 s. A best-of-n (1 s) is the luckiest moment of a bandwidth that drifts,
+    while a token's time is the median of its tokens."""
+    import itertools
+
+    from minipar.bench import inference as B
+
+    walls = itertools.accumulate([0, 1, 0, 5, 0, 2, 0, 3, 0, 4])  # start, end of each read
+    cpus = itertools.accumulate([0, 2, 0, 2, 0, 6, 0, 4, 0, 1])
+    monkeypatch.setattr(B.time, "perf_counter", lambda: float(next(walls)))
+    monkeypatch.setattr(B.time, "process_time", lambda: float(next(cpus)))
+    w, x = np.ones((4, 3)), np.ones(4)
+    assert B.read_rate(w, x, reps=5) == (w.nbytes / 3, w.nbytes / 2)
