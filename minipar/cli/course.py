@@ -61,6 +61,10 @@ def add_verbs(top) -> Verbs:
     c.add_argument("--file", help="the exercise file to grade (default: your workspace's, "
                                   "./minipar-labs/NN_topic/exercise.py, made by `minipar lab start NN`)")
     c.add_argument("--solution", action="store_true", help="grade minipar's own implementation (must pass)")
+    c.add_argument("--backend", choices=("mpi", "torch"), default="mpi",
+                   help="grade on NumPy arrays over MPI (default) or on torch tensors over torch.distributed")
+    c.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="with --backend torch: the tensors' device (default cpu, gloo; cuda: NCCL)")
     c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="watchdog seconds per graded run (default 20)")
     c.add_argument("-v", "--verbose", action="store_true", help="show every failing check of a task, not only the first")
     c.add_argument("--hint", metavar="TASK", help="grade nothing: show TASK's next hint (each task has 2 or 3, "

@@ -3,6 +3,7 @@
     comm = minipar.init("mpi")                    # NumPy arrays over MPI (mpi4py)
     comm = minipar.init("torch", device="cpu")    # torch tensors over gloo
     comm = minipar.init("torch", device="cuda")   # NCCL, or gloo with host staging (see torch_backend)
+    comm = minipar.init("auto")                   # torch when torchrun started this process, else mpi
 
 The MPI backend is imported only when asked for, the torch one likewise, so the NumPy path
 works without torch installed.
@@ -33,6 +34,14 @@ def _abort(code: int):
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.COMM_WORLD.Abort(code)
     os._exit(code)
+
+
+def started_by() -> str:
+    """The backend a script's ``minipar.init("auto")`` takes: "torch" when torchrun started this
+    process (torchrun's agent sets TORCHELASTIC_RUN_ID in every rank), else "mpi". A lab's demo
+    uses it, so the same ``exercise.py`` runs under ``mpiexec ... python -m mpi4py`` and under
+    ``torchrun``."""
+    return "torch" if "TORCHELASTIC_RUN_ID" in os.environ else "mpi"
 
 
 def check_backend(backend: str, device: str | None) -> str:
@@ -94,12 +103,15 @@ def init(backend: str = "mpi", device: str | None = None, watchdog: float | None
          trace: bool = False) -> Comm:
     """The world communicator of this process (created once, then returned again).
 
-    backend:  "mpi" (NumPy buffers, mpi4py) or "torch" (torch tensors, torch.distributed)
+    backend:  "mpi" (NumPy buffers, mpi4py), "torch" (torch tensors, torch.distributed), or
+              "auto": torch when torchrun started this process, else mpi (:func:`started_by`)
     device:   torch only: "cpu" (default) or "cuda"
     watchdog: seconds a rank may stay blocked in one call before the job is aborted with a
               report of what every rank waits on (default: $MINIPAR_WATCHDOG or 60; 0 = off)
     trace:    start with tracing on (``comm.tracer.enabled`` can be flipped at any time)
     """
+    if backend == "auto":
+        backend = started_by()
     device = check_backend(backend, device)
     key = (backend, device)
     if key in _WORLD:

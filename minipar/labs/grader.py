@@ -280,7 +280,7 @@ def explain(err: LaunchError, n: int, task: Task, doing: dict) -> str:
 
 # ---------------------------------------------------------------- the jobs
 
-def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False):
+def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False, backend="mpi", device=None):
     """Grade ``tasks`` on n ranks in one job: ({task key: failure message, None (passed), ALONE
     (grade it again alone) or AGAIN (the job died before its verdict: grade it again with the
     others)}, whether the job ran to its end). ``answers``: the lab's solution module, whose
@@ -288,7 +288,7 @@ def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False):
     with ending_on_signals():  # SIGTERM, SIGHUP: the ranks' files go before this process does
         folder = tempfile.mkdtemp(prefix="minipar-check-")
         try:
-            res = launch(n, grade_on_ranks, quiet=True, watchdog=timeout,
+            res = launch(n, grade_on_ranks, backend=backend, device=device, quiet=True, watchdog=timeout,
                          job_timeout=timeout + 60 + sum(t.budget for t in tasks),
                          checks=[(t.key, t.check, t.function, t.budget,
                                   ((f"{answers}:{t.function}",) if answers else ()) + t.reference) for t in tasks],
@@ -326,7 +326,7 @@ def died(err, tasks, n, doing):
     return {t.key: AGAIN if t.key != key else explain(err, n, t, doing) if final else ALONE for t in tasks}
 
 
-def grade(tasks, path, solution, timeout, progress=None, answers=None, verbose=False):
+def grade(tasks, path, solution, timeout, progress=None, answers=None, verbose=False, backend="mpi", device=None):
     """{task key: (passed, message)}. One job per world size grades every task still passing.
     A task that fails there after another task ran in the same job (which might have left it
     a message), or that raised or hung, is graded again alone on that size: the message is
@@ -339,14 +339,14 @@ def grade(tasks, path, solution, timeout, progress=None, answers=None, verbose=F
         while batch:
             if progress:
                 progress(f"  ... {len(batch)} task{'s' if len(batch) > 1 else ''} on {ranks(n)}")
-            result, whole = run_tasks(batch, n, path, solution, timeout, answers, verbose)
+            result, whole = run_tasks(batch, n, path, solution, timeout, answers, verbose, backend, device)
             for i, t in enumerate(batch):
                 message = result[t.key]
                 if message == AGAIN:
                     continue
                 if message == ALONE or (whole and message is not None and i > 0
                                         and not message.startswith("not implemented")):
-                    message = run_tasks([t], n, path, solution, timeout, answers, verbose)[0][t.key]
+                    message = run_tasks([t], n, path, solution, timeout, answers, verbose, backend, device)[0][t.key]
                 if message is not None:
                     verdict[t.key] = (False, message)
                     alive.remove(t)
@@ -379,9 +379,11 @@ def _main(args) -> int:
         path = str(graded_file(lesson, args.file))
         shown = os.path.relpath(path)
         solution, what = None, path if shown.startswith("..") else os.path.join(".", shown)
-    print(f"lab {lesson.key}: {lab.TITLE}\ngrading {what}\n", flush=True)
+    backend = getattr(args, "backend", "mpi")
+    on = "NumPy arrays over MPI" if backend == "mpi" else f"torch tensors over torch.distributed ({args.device or 'cpu'})"
+    print(f"lab {lesson.key}: {lab.TITLE}\ngrading {what}\non {on}\n", flush=True)
     verdict = grade(tasks, path, solution, args.timeout, progress=lambda s: print(s, flush=True),
-                    answers=lesson.solution, verbose=args.verbose)
+                    answers=lesson.solution, verbose=args.verbose, backend=backend, device=getattr(args, "device", None))
     print()
     for t in tasks:
         ok, msg = verdict[t.key]
