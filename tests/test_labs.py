@@ -1,4 +1,5 @@
-"""Tests of the tests, for every lab in the course registry (minipar.course):
+"""Tests of the tests, for every lab in the course registry (minipar.course), on both backends
+(NumPy over MPI, and torch tensors over torch.distributed: `minipar check NN --backend torch`):
 
 * the skeleton fails every task ("not implemented yet");
 * minipar's reference and a fully solved exercise (tests/labs/solved/, written as a learner
@@ -6,7 +7,8 @@
 * every planted-bug mutant (labs/NN_*/mutants/) and every solution that skips the technique
   (tests/labs/skips/: a builtin collective, the full weights everywhere, an all-reduce where a
   reduce-scatter is asked, state gathered through objects, ...) fails each task it targets,
-  with its expected message in *that task's own* report;
+  with its expected message in *that task's own* report; an attempt that only makes sense on one
+  backend (mpi4py's own calls, torch.distributed's) says so in a ``BACKENDS: mpi`` line;
 * skeletons import nothing that holds their answers, graders never import their solutions.
 """
 import argparse
@@ -26,6 +28,17 @@ LABS = labs()
 MUTANTS = sorted(m for ls in LABS for m in (ROOT / ls.lab / "mutants").glob("*.py"))
 ATTEMPTS = ROOT / "tests" / "labs"
 SKIPS = sorted((ATTEMPTS / "skips").glob("*.py"))
+BACKENDS = ("mpi", "torch")
+
+
+def on_backends(attempts):
+    """(attempt, backend) for every backend the attempt is written for (its ``BACKENDS:`` line, or both)."""
+    out = []
+    for path in attempts:
+        named = re.search(r"^BACKENDS: (.+)$", path.read_text(), re.M)
+        out += [pytest.param(path, b, id=f"{path.parent.parent.name}/{path.name}-{b}" if path.parent.name == "mutants"
+                             else f"{path.name}-{b}") for b in (named.group(1).split() if named else BACKENDS)]
+    return out
 
 
 def solved(ls):
@@ -38,10 +51,10 @@ def check(key, *args, timeout=600, cwd=ROOT):
     return out.returncode, out.stdout + out.stderr
 
 
-def skeleton_fails_every_task(lab, cwd=ROOT):
+def skeleton_fails_every_task(lab, cwd=ROOT, backend="mpi"):
     """Grade the repository's skeleton by its path, from ``cwd``: every task "not implemented yet",
     whatever a learner has solved in a workspace there (``minipar check NN`` alone grades that)."""
-    code, out = check(lab.key, "--file", str(ROOT / lab.lab / "exercise.py"), cwd=cwd)
+    code, out = check(lab.key, "--file", str(ROOT / lab.lab / "exercise.py"), "--backend", backend, cwd=cwd)
     tasks = reports(out)
     assert code == 1 and tasks, out
     assert all(status == "FAIL" for status, _ in tasks.values()), out
@@ -63,11 +76,11 @@ def reports(text):
     return {k: tuple(v) for k, v in out.items()}
 
 
-def failing_with(key, path, expected, timeout):
-    """Grade ``path`` on the tasks of ``expected`` ({task: [messages]}); each must fail with
-    every one of its messages in its own report."""
+def failing_with(key, path, expected, timeout, backend="mpi"):
+    """Grade ``path`` on the tasks of ``expected`` ({task: [messages]}) on ``backend``; each must
+    fail with every one of its messages in its own report."""
     args = [a for t in expected for a in ("--task", t)]
-    code, out = check(key, "--file", str(path), *args, "--timeout", str(timeout))
+    code, out = check(key, "--file", str(path), *args, "--timeout", str(timeout), "--backend", backend)
     got = reports(out)
     assert code == 1 and set(got) == set(expected), out
     for task, messages in expected.items():
@@ -79,17 +92,20 @@ def failing_with(key, path, expected, timeout):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("lab", LABS, ids=lambda ls: ls.key)
-def test_skeleton_fails_every_task(lab):
-    skeleton_fails_every_task(lab)
+def test_skeleton_fails_every_task(lab, backend):
+    skeleton_fails_every_task(lab, backend=backend)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("how", ["--solution", "solved"])
 @pytest.mark.parametrize("lab", LABS, ids=lambda ls: ls.key)
-def test_reference_and_solved_exercise_pass_every_task(lab, how):
-    code, out = check(lab.key, *(["--solution"] if how == "--solution" else ["--file", str(solved(lab))]))
+def test_reference_and_solved_exercise_pass_every_task(lab, how, backend):
+    code, out = check(lab.key, *(["--solution"] if how == "--solution" else ["--file", str(solved(lab))]),
+                      "--backend", backend)
     tasks = reports(out)
     graded = importlib.import_module(lab.grader).TASKS
     assert code == 0 and set(tasks) == {t.key for t in graded}, out
@@ -98,24 +114,24 @@ def test_reference_and_solved_exercise_pass_every_task(lab, how):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
-def test_mutant_fails_with_a_pinpointed_message(mutant):
+@pytest.mark.parametrize("mutant, backend", on_backends(MUTANTS))
+def test_mutant_fails_with_a_pinpointed_message(mutant, backend):
     text = mutant.read_text()
     task = re.search(r"EXPECT_TASK: (\S+)", text).group(1)
     messages = [m.strip() for m in re.findall(r"^EXPECT_MESSAGE: (.+)$", text, re.M)]
     assert messages, f"{mutant} names no EXPECT_MESSAGE"
-    failing_with(mutant.parent.parent.name[:2], mutant, {task: messages}, timeout=4)
+    failing_with(mutant.parent.parent.name[:2], mutant, {task: messages}, timeout=4, backend=backend)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("attempt", SKIPS, ids=lambda p: p.name)
-def test_skipping_the_technique_fails_every_targeted_task(attempt):
+@pytest.mark.parametrize("attempt, backend", on_backends(SKIPS))
+def test_skipping_the_technique_fails_every_targeted_task(attempt, backend):
     expected = {}
     for task, message in re.findall(r"^EXPECT (\d+\.\d+): (.+)$", attempt.read_text(), re.M):
         expected.setdefault(task, []).append(message.strip())
     assert expected, f"{attempt} names no EXPECT line"
-    failing_with(attempt.name[:2], attempt, expected, timeout=10)
+    failing_with(attempt.name[:2], attempt, expected, timeout=10, backend=backend)
 
 
 def test_every_lab_has_skipping_attempts_and_a_solved_exercise():

@@ -3,21 +3,26 @@
 Fill in each function below, then run it on real ranks and grade it:
 
     mpiexec -n 4 python -m mpi4py minipar-labs/01_collectives/exercise.py     # see what your code does
+    torchrun --standalone --nproc-per-node 4 minipar-labs/01_collectives/exercise.py   # the same, torch
     minipar check 01                                                  # grade every task
     minipar check 01 --task 1.3                                       # grade one task
+    minipar check 01 --backend torch                                  # grade it on torch tensors
 
 Use only comm.send / comm.recv / comm.sendrecv (and isend/irecv): comm.builtin is off limits.
 `comm.send` is synchronous: it returns only once the receiver has started receiving.
+
+One code, two backends: x is a NumPy array under MPI and a torch tensor under torch.distributed.
+Allocate and copy through minipar.xp, which follows its argument's kind, dtype and device:
+empty(shape, like=x) is a new buffer, copy(x) a copy (docs/communicator.md).
 
 The grader checks the technique, not only the values: it refuses comm.builtin, counts the
 bytes and messages each rank sends (exactly what the ring sends, to the right neighbour),
 checks that the broadcast is a tree (every rank within ceil(log2 p) hops of the root), and
 for the hierarchical all-reduce counts the bytes inside and between (emulated) nodes.
 """
-import numpy as np
-
 import minipar
 from minipar.xp import chunk_bounds  # chunk_bounds(n, p)[r] = (start, stop) of rank r's chunk
+from minipar.xp import copy, empty  # copy(x); empty(shape, like=x): x's kind (NumPy or torch), dtype, device
 
 
 def ring_pass(comm, x):
@@ -26,16 +31,17 @@ def ring_pass(comm, x):
     The ranks form a ring: rank p-1's right neighbour is rank 0. Must not deadlock for any p,
     including p = 1 (where you pass to yourself).
     """
-    # TODO(lab1.1): one exchange around the ring (hint: comm.sendrecv, buffer = np.empty_like(x))
+    # TODO(lab1.1): one exchange around the ring (hint: comm.sendrecv into empty(x.shape, like=x))
     raise NotImplementedError("lab 1.1")
 
 
 def tree_broadcast(comm, x, root=0):
     """Binomial-tree broadcast: on `root` x holds the data, elsewhere x is a buffer to fill.
 
-    Count ranks relative to the root (vr = (rank - root) % p). In round k = 0, 1, ... every rank
-    vr < 2^k that has the data sends it to vr + 2^k (if that rank exists). Return x.
-    The root may send at most ceil(log2 p) messages.
+    Before: only the root's x holds the data. After: every rank's x holds it, and x is returned.
+    Each rank receives the data exactly once, every rank is at most ceil(log2 p) hops from the
+    root, and the root sends at most ceil(log2 p) messages: the ranks that hold the data double
+    every round.
     """
     # TODO(lab1.2): receive once from your parent, then send to your children
     raise NotImplementedError("lab 1.2")
@@ -45,8 +51,8 @@ def ring_reduce_scatter(comm, x):
     """Return this rank's chunk of the elementwise sum of every rank's x.
 
     Chunks follow chunk_bounds(len(x), p): rank r owns chunk r. Lengths that do not divide by p,
-    and lengths shorter than p, must work. In step s = 0 .. p-2 send chunk (r - s - 1) % p to the
-    right and add the chunk (r - s - 2) % p arriving from the left into your copy of x.
+    and lengths shorter than p, must work. The caller's x is not modified. Each rank sends only to
+    its right neighbour, p-1 messages of one chunk each: (p-1)/p of x in all, never a whole x.
     """
     # TODO(lab1.3): p-1 sendrecv steps on a copy of x, then return your own chunk
     raise NotImplementedError("lab 1.3")
@@ -55,8 +61,8 @@ def ring_reduce_scatter(comm, x):
 def ring_all_gather(comm, chunk, counts):
     """Every rank holds one chunk (rank r's has counts[r] elements); return their concatenation.
 
-    In step s = 0 .. p-2 pass chunk (r - s) % p to the right and receive chunk (r - s - 1) % p
-    from the left, straight into its place in the output.
+    Before: rank r holds chunk r. After: every rank holds all p chunks, in rank order. Each rank
+    sends only to its right neighbour, p-1 messages of one chunk each (every chunk but one).
     """
     # TODO(lab1.4): allocate the output, place your chunk, then p-1 sendrecv steps
     raise NotImplementedError("lab 1.4")
@@ -98,10 +104,10 @@ def hierarchical_all_reduce(comm, x, ranks_per_node):
 
 
 if __name__ == "__main__":
-    comm = minipar.init("mpi")
-    x = np.arange(6, dtype=np.float64) + 10 * comm.rank
+    comm = minipar.init("auto")  # NumPy over MPI under mpiexec, torch tensors under torchrun
+    x = comm.asarray([10.0 * comm.rank + i for i in range(6)])
     for name, call in [("ring_pass", lambda: ring_pass(comm, x)),
-                       ("tree_broadcast", lambda: tree_broadcast(comm, x.copy(), 0)),
+                       ("tree_broadcast", lambda: tree_broadcast(comm, copy(x), 0)),
                        ("ring_reduce_scatter", lambda: ring_reduce_scatter(comm, x)),
                        ("ring_all_reduce", lambda: ring_all_reduce(comm, x)),
                        ("hierarchical_all_reduce",  # "nodes" of 2 ranks (of 1 on an odd count)

@@ -25,6 +25,7 @@ import inspect
 import os
 import socket
 import sys
+import threading
 import types
 import weakref
 
@@ -150,6 +151,62 @@ def _forget_captured(groups):
 _COMMS = weakref.WeakSet()  # every TorchComm, so that destroy_groups can drop their groups
 
 
+class ToSelf:
+    """Messages a rank sends to itself. gloo pairs only distinct ranks, so a message to oneself
+    never reaches the engine; MPI delivers it as a copy, and so does this, with MPI's rules: a
+    send (synchronous, like ``MPI_Ssend``) completes only against a receive already posted with
+    ``irecv``, a receive only against an ``isend`` already posted; otherwise the call blocks for
+    good and the watchdog reports it, as it would under MPI (a ring of one rank that sends before
+    it receives deadlocks on both backends). Matching is by tag, in posting order."""
+
+    def __init__(self):
+        self.sends, self.recvs = [], []  # pending (tag, tensor, done flag) of each kind
+
+    @staticmethod
+    def _deliver(x, buf):
+        if tuple(x.shape) != tuple(buf.shape) or x.dtype != buf.dtype:
+            raise ValueError(f"a message to oneself of shape {tuple(x.shape)} {x.dtype} into buf "
+                             f"{tuple(buf.shape)} {buf.dtype}")
+        buf.copy_(x)
+
+    def _match(self, queue, tag):
+        for i, (t, tensor, flag) in enumerate(queue):
+            if t == tag:
+                del queue[i]
+                return tensor, flag
+        return None, None
+
+    @staticmethod
+    def _never():
+        threading.Event().wait()  # nothing can complete it: the watchdog reports the deadlock
+
+    def post(self, x, tag, blocking):
+        """A send of ``x`` to oneself: (wait, test) of a posted ``isend``, or done when blocking."""
+        buf, flag = self._match(self.recvs, tag)
+        if buf is not None:
+            self._deliver(x, buf)
+            flag.set()
+            return (lambda: None), (lambda: True)
+        if blocking:
+            self._never()
+        flag = threading.Event()
+        self.sends.append((tag, x.clone(), flag))
+        return (lambda: flag.is_set() or self._never()), flag.is_set
+
+    def take(self, buf, tag, blocking):
+        """A receive from oneself into ``buf``: (wait, test) of a posted ``irecv``, or done when blocking."""
+        x, flag = self._match(self.sends, tag)
+        if x is not None:
+            self._deliver(x, buf)
+            flag.set()
+            return (lambda: True), (lambda: True)
+        if blocking:
+            self._never()
+        flag = threading.Event()
+        self.recvs.append((tag, buf, flag))
+        return (lambda: flag.is_set() or self._never()), flag.is_set
+
+
 class TorchComm(Comm):
     backend = "torch"
 
@@ -161,6 +218,7 @@ class TorchComm(Comm):
         self.group, self.device, self.engine = group, torch.device(device), engine
         self.staging = engine == "gloo" and self.device.type == "cuda"  # host staging
         self.builtin = TorchBuiltin(self)
+        self.to_self = ToSelf()
 
     def _check_array(self, x, what, writable=False):
         if not isinstance(x, torch.Tensor):
@@ -188,9 +246,15 @@ class TorchComm(Comm):
                                f"{tuple(buf.shape)} and dtype {buf.dtype} of what was sent?): {err}") from None
 
     def _send(self, x, dst, tag):
+        if dst == self.rank:
+            self.to_self.post(x, tag, blocking=True)
+            return
         dist.send(self._out(x), tag=tag, **self._kw(dst, "group_dst"))
 
     def _recv(self, buf, src, tag):
+        if src == self.rank:
+            self.to_self.take(buf, tag, blocking=True)
+            return buf
         tmp = self._in(buf)
         self._wrap("recv", src, buf, lambda: dist.recv(tmp, tag=tag, **self._kw(src, "group_src")))
         if tmp is not buf:
@@ -198,10 +262,14 @@ class TorchComm(Comm):
         return buf
 
     def _isend(self, x, dst, tag):
+        if dst == self.rank:
+            return self.to_self.post(x, tag, blocking=False)
         work = dist.isend(self._out(x), tag=tag, **self._kw(dst, "group_dst"))
         return work.wait, lambda: work.is_completed() and work.wait()
 
     def _irecv(self, buf, src, tag):
+        if src == self.rank:
+            return self.to_self.take(buf, tag, blocking=False)
         tmp = self._in(buf)
         work = dist.irecv(tmp, tag=tag, **self._kw(src, "group_src"))
 
@@ -214,12 +282,6 @@ class TorchComm(Comm):
         return wait, lambda: work.is_completed() and wait()
 
     def _sendrecv(self, x, dst, buf, src, sendtag, recvtag):
-        if dst == src == self.rank:  # gloo has no pair to itself: a message to oneself is a copy, as in MPI
-            if tuple(x.shape) != tuple(buf.shape) or x.dtype != buf.dtype:
-                raise ValueError(f"sendrecv: the message from rank {self.world_rank(src)} has shape "
-                                 f"{tuple(x.shape)} {x.dtype}, buf {tuple(buf.shape)} {buf.dtype}")
-            buf.copy_(x)
-            return buf
         wait_recv, _ = self._irecv(buf, src, recvtag)
         wait_send, _ = self._isend(x, dst, sendtag)
         wait_send()
@@ -255,6 +317,29 @@ def _allgather_object(comm: TorchComm, obj) -> list:
     out = [None] * comm.size
     comm.watchdog.call(f"builtin allgather_object on {comm.name}", dist.all_gather_object, out, obj, group=comm.group)
     return out
+
+
+_DEFAULT: dict = {}  # device -> the TorchComm over a process group someone else initialised
+
+
+def default_group_comm(device="cpu") -> TorchComm:
+    """A communicator over torch.distributed's default group, which the user's script made itself
+    (``dist.init_process_group("gloo")`` under torchrun or ``mp.spawn``): built on first use, then
+    the same one. Its tracer starts off and its watchdog is off (the script's own process, not a
+    minipar job: nothing of minipar's may abort it)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise UsageError("torch.distributed's process group is not initialised: call "
+                         "dist.init_process_group('gloo') (or minipar.init('torch')) first")
+    device = torch.device(device)
+    comm = _DEFAULT.get(str(device))
+    if comm is None or comm.size != dist.get_world_size():  # a new group since: a new communicator
+        from ..trace import Tracer
+        from .watchdog import Watchdog
+
+        rank, size = dist.get_rank(), dist.get_world_size()
+        comm = _DEFAULT[str(device)] = TorchComm(None, device, dist.get_backend(), Tracer(rank),
+                                                 Watchdog(rank, size, 0, None, None))
+    return comm
 
 
 class TorchBuiltin:

@@ -32,6 +32,7 @@ the loop alone: :func:`stop` makes all ranks leave together.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -44,7 +45,7 @@ import numpy as np
 
 from ..comm.watchdog import user_line
 from ..trace import SEND_KINDS, in_library, shown
-from ..xp import chunk_bounds, namespace, to_numpy
+from ..xp import chunk_bounds, is_torch, namespace, to_numpy
 
 
 # --------------------------------------------------------------------------- values
@@ -146,10 +147,17 @@ def _record_builtin(comm, log):
     names = [n for n in vars(cls) if not n.startswith("_") and callable(vars(cls)[n])]
     saved = {n: vars(cls)[n] for n in names}
 
+    depth = [0]  # a builtin may call another (torch's reduce_scatter is its all_reduce): the outer one was called
+
     def wrap(name, method):
         def recorded(self, *args, **kwargs):
-            log.append(name)
-            return method(self, *args, **kwargs)
+            if not depth[0]:
+                log.append(name)
+            depth[0] += 1
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
         return recorded
 
     for n in names:
@@ -305,8 +313,9 @@ def held_at_most(comm, g: Graded, limit, function, rule):
 # --------------------------------------------------------------------------- own data
 
 def poisoned(a, keep):
-    """A copy of ``a`` with NaN everywhere except ``a[keep]`` (what this rank owns)."""
-    out = np.full_like(a, np.nan)
+    """A copy of ``a`` (a NumPy array or a torch tensor) with NaN everywhere except ``a[keep]``
+    (what this rank owns)."""
+    out = namespace(a).full_like(a, np.nan)
     out[keep] = a[keep]
     return out
 
@@ -342,8 +351,81 @@ class Watched(np.ndarray):
 
 
 def watched(a):
-    """A :class:`Watched` copy of ``a``: hand it to the learner, read ``.log`` afterwards."""
+    """A :class:`Watched` copy of ``a`` (of a torch tensor: a :func:`watched_tensor` copy): hand it
+    to the learner, read ``.log`` afterwards."""
+    if is_torch(a):
+        return watched_tensor(a)
     w = np.array(a).view(Watched)
+    w.log = []
+    return w
+
+
+# What a torch tensor does without computing: indexing, views, copies, moves. Everything else that
+# returns a tensor (``@``, ``+``, ``torch.tanh``, a sum, ``torch.einsum``) is a computation.
+_PLACING = {"__getitem__", "__setitem__", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten",
+            "squeeze", "unsqueeze", "transpose", "swapaxes", "swapdims", "permute", "movedim", "moveaxis", "t",
+            "T", "mT", "H", "mH", "narrow", "select", "split", "chunk", "unbind", "expand", "expand_as",
+            "as_strided", "contiguous", "clone", "detach", "to", "cpu", "cuda", "copy_"}
+
+
+def _torch_op(func) -> str:
+    """The name of what ``__torch_function__`` was handed: ``Tensor.T`` comes as its getter."""
+    name = getattr(func, "__name__", "")
+    return getattr(getattr(func, "__self__", None), "__name__", name) if name == "__get__" else name
+
+
+def _items(*values):
+    """The values, with each tuple or list among them opened one level (a function's tensors)."""
+    return [t for v in values for t in (v if isinstance(v, (tuple, list)) else (v,))]
+
+
+@functools.cache
+def _watched_tensor_class():
+    """:class:`Watched` for torch tensors: a ``torch.Tensor`` subclass whose ``__torch_function__``
+    records, for every computation (a torch function or method returning a tensor, other than
+    those of ``_PLACING``), the size of each watched tensor it read. Views and copies of a watched
+    tensor share its log; what a computation returns is a plain tensor. Made on first use:
+    importing this module imports no torch."""
+    import torch
+    from torch._C import DisableTorchFunctionSubclass
+
+    class WatchedTensor(torch.Tensor):
+        log = None
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            with DisableTorchFunctionSubclass():
+                out = func(*args, **kwargs)
+                if _torch_op(func) in _PLACING:  # a view or a copy of args[0]: watched as it is
+                    return cls._as(args[0], out) if args else out
+                if any(isinstance(o, torch.Tensor) for o in _items(out)):
+                    for t in _items(*args, *kwargs.values()):
+                        if isinstance(t, cls) and t.log is not None:
+                            t.log.append(t.numel())
+            return out
+
+        @classmethod
+        def _as(cls, src, out):
+            """``out`` (a tensor, or a tuple or list of them) writing into the log of ``src``, when
+            ``src`` is watched."""
+            if not isinstance(src, cls):
+                return out
+            if isinstance(out, (tuple, list)):
+                return type(out)(cls._as(src, o) for o in out)
+            if not isinstance(out, torch.Tensor):
+                return out
+            w = out if isinstance(out, cls) else out.as_subclass(cls)
+            w.log = src.log
+            return w
+
+    return WatchedTensor
+
+
+def watched_tensor(t):
+    """A watched copy of torch tensor ``t``, on its device: like :class:`Watched`, its ``.log``
+    holds the most elements of it each computation used, once the learner is done."""
+    w = t.detach().clone().as_subclass(_watched_tensor_class())
     w.log = []
     return w
 

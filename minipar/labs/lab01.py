@@ -58,10 +58,10 @@ HINTS = {
         receives into buf from src (docs/communicator.md). A send then a recv on every rank
         deadlocks: comm.send is synchronous, so every rank waits in its send.""",
         """Right neighbour (comm.rank + 1) % comm.size, left (comm.rank - 1) % comm.size; the buffer
-        has x's shape and dtype: np.empty_like(x). On 1 rank both neighbours are you, and sendrecv
-        still works.""",
+        has x's shape, dtype and kind: empty(x.shape, like=x) from minipar.xp (a NumPy array under
+        MPI, a torch tensor under torch). On 1 rank both neighbours are you, and sendrecv still works.""",
         """
-        buf = np.empty_like(x)
+        buf = empty(x.shape, like=x)
         return comm.sendrecv(x, (comm.rank + 1) % comm.size, buf, (comm.rank - 1) % comm.size)
         """,
     ),
@@ -83,38 +83,42 @@ HINTS = {
         """,
     ),
     "1.3": (
-        """The ring reduce-scatter: p-1 steps; in each, every rank sends one chunk to the right and
-        adds the chunk arriving from the left into its copy, so each chunk collects one term per hop
-        and ends complete on its owner. Chunks: chunk_bounds(len(x), p); one comm.sendrecv per step.
-        The lesson: notebooks/01_collectives.ipynb and the ring in minipar/collectives.py.""",
-        """Work on buf = x.copy() (the caller's x stays as it was). In step s = 0 .. p-2: send buf's
-        chunk (r - s - 1) % p to r + 1; receive chunk (r - s - 2) % p from r - 1 into a new array of
-        that chunk's length and add it into buf's chunk. Afterwards chunk r of buf is the sum: return
-        a copy of it. An empty chunk (n < p) is still sent and received, as an empty array.""",
+        """Picture p runners on a circle, each with a bag per chunk. Every step each runner hands one
+        bag to the runner on the right and adds what it gets from the left into its own bag of the
+        same chunk. Which bag must start the journey where, so that after p-1 hand-overs the full
+        bag of chunk r is at rank r? Draw it for p = 3 before writing code (notebooks/01_collectives.ipynb
+        animates it). Chunks: chunk_bounds(len(x), p); one comm.sendrecv per step.""",
+        """Work on buf = copy(x) (the caller's x stays as it was). Chunk r must finish at rank r after
+        p-1 hops, so it starts at rank r + 1 and in step s it is at rank r + 1 + s: in step s rank r
+        sends chunk (r - s - 1) % p to r + 1, and receives chunk (r - s - 2) % p from r - 1 into a
+        buffer of that chunk's length (empty((n,), like=x): one per step, or one of the largest
+        chunk's length allocated before the loop and sliced, as notebook 01's ring reuses), then adds
+        it into buf's chunk. Afterwards chunk r of buf is the sum: return a copy of it. An empty chunk
+        (n < p) is still sent and received, as an empty array.""",
         """
-        b, buf = chunk_bounds(len(x), p), x.copy()
+        b, buf = chunk_bounds(len(x), p), copy(x)
         for s in range(p - 1):
             (sa, sb), (ra, rb) = b[(r - s - 1) % p], b[(r - s - 2) % p]
-            got = np.empty(rb - ra, dtype=x.dtype)
+            got = empty((rb - ra,), like=x)
             comm.sendrecv(buf[sa:sb], (r + 1) % p, got, (r - 1) % p)
             buf[ra:rb] += got
-        return buf[b[r][0]:b[r][1]].copy()
+        return copy(buf[b[r][0]:b[r][1]])
         """,
     ),
     "1.4": (
         """The ring all-gather: p-1 steps; in each, every rank passes the newest chunk it has to the
         right and receives the next one from the left, straight into its place in the output.""",
-        """Chunk i starts at sum(counts[:i]) (np.cumsum) and the output has sum(counts) elements:
-        out = np.empty(total, dtype=chunk.dtype), your chunk in its place. In step s = 0 .. p-2 send
+        """Chunk i starts at sum(counts[:i]) and the output has sum(counts) elements:
+        out = empty((total,), like=chunk), your chunk in its place. In step s = 0 .. p-2 send
         chunk (r - s) % p (a copy of out's slice) to r + 1 and receive chunk (r - s - 1) % p, of
         counts[that] elements, from r - 1.""",
         """
-        starts = np.concatenate([[0], np.cumsum(counts)])
-        out = np.empty(int(starts[-1]), dtype=chunk.dtype); out[starts[r]:starts[r + 1]] = chunk
+        starts = [sum(counts[:i]) for i in range(p + 1)]
+        out = empty((starts[-1],), like=chunk); out[starts[r]:starts[r + 1]] = chunk
         for s in range(p - 1):
             i, j = (r - s) % p, (r - s - 1) % p
-            got = np.empty(counts[j], dtype=chunk.dtype)
-            comm.sendrecv(out[starts[i]:starts[i + 1]].copy(), (r + 1) % p, got, (r - 1) % p)
+            got = empty((counts[j],), like=chunk)
+            comm.sendrecv(copy(out[starts[i]:starts[i + 1]]), (r + 1) % p, got, (r - 1) % p)
             out[starts[j]:starts[j + 1]] = got
         return out
         """,

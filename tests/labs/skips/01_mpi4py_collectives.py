@@ -1,6 +1,8 @@
 """Skips the technique: lab 01 through mpi4py's own calls on the communicator's MPI handle
 (comm.mpi), outside comm: nothing goes through comm, so nothing is traced or recorded as
-builtin. The exact traffic catches every one of them.
+builtin. The exact traffic catches every one of them. (On torch, tests/labs/skips/01_torch_distributed.py.)
+
+BACKENDS: mpi
 
 EXPECT 1.1: rank 0 sent 0 bytes through comm; passing x (1 double) to the right neighbour on 1 rank sends 8: did you use a builtin collective
 EXPECT 1.2: rank 1 received 0 messages (root 0, n=1 on 2 ranks); in a broadcast every rank but the root receives the data exactly once: did you use a builtin collective

@@ -1,13 +1,11 @@
 """Lab 01 solved as a learner would: every task written in the exercise file's style, with
 nothing but comm.sendrecv / send / recv (no minipar.collectives, no solution module).
 Graded through `minipar check 01 --file` like any exercise; it must pass every task."""
-import numpy as np
-
-from minipar.xp import chunk_bounds
+from minipar.xp import chunk_bounds, copy, empty
 
 
 def ring_pass(comm, x):
-    buf = np.empty_like(x)
+    buf = empty(x.shape, like=x)
     return comm.sendrecv(x, (comm.rank + 1) % comm.size, buf, (comm.rank - 1) % comm.size)
 
 
@@ -26,26 +24,26 @@ def tree_broadcast(comm, x, root=0):
 def ring_reduce_scatter(comm, x):
     p, r = comm.size, comm.rank
     b = chunk_bounds(len(x), p)
-    buf = x.copy()
+    buf = copy(x)
     for s in range(p - 1):
         sa, sb = b[(r - s - 1) % p]
         ra, rb = b[(r - s - 2) % p]
-        tmp = np.empty(rb - ra, dtype=x.dtype)
+        tmp = empty((rb - ra,), like=x)
         comm.sendrecv(buf[sa:sb], (r + 1) % p, tmp, (r - 1) % p)
         buf[ra:rb] += tmp
     a, c = b[r]
-    return buf[a:c].copy()
+    return copy(buf[a:c])
 
 
 def ring_all_gather(comm, chunk, counts):
     p, r = comm.size, comm.rank
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    out = np.empty(int(starts[-1]), dtype=chunk.dtype)
+    starts = [sum(counts[:i]) for i in range(p + 1)]  # chunk i is out[starts[i]:starts[i + 1]]
+    out = empty((starts[-1],), like=chunk)
     out[starts[r]:starts[r + 1]] = chunk
     for s in range(p - 1):
         i, j = (r - s) % p, (r - s - 1) % p
-        recv = np.empty(counts[j], dtype=chunk.dtype)
-        comm.sendrecv(out[starts[i]:starts[i + 1]].copy(), (r + 1) % p, recv, (r - 1) % p)
+        recv = empty((counts[j],), like=chunk)
+        comm.sendrecv(copy(out[starts[i]:starts[i + 1]]), (r + 1) % p, recv, (r - 1) % p)
         out[starts[j]:starts[j + 1]] = recv
     return out
 
