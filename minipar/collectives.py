@@ -29,11 +29,16 @@ OPS = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
 TAG = 1000  # collectives use their own tags so they never match a user's tag-0 messages
 
 
-def _check(comm, op="sum", root=None):
+def _check(comm, op="sum", root=None) -> int | None:
+    """Refuse an unknown op or a root that is not a rank; returns the root as a Python int (a
+    NumPy integer, ``np.int64(1)``, is a rank like any other; a bool or a float is not)."""
     if op not in OPS:
         raise ValueError(f"op={op!r}: choose one of {sorted(OPS)}")
-    if root is not None and (not isinstance(root, int) or not 0 <= root < comm.size):
+    if root is None:
+        return None
+    if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)) or not 0 <= root < comm.size:
         raise ValueError(f"root={root!r} is not a rank of this communicator (size {comm.size})")
+    return int(root)
 
 
 def _combine(acc, incoming, op):
@@ -56,9 +61,12 @@ def broadcast(comm, x, root=0):
 
     Round k: every rank that already has the data sends it to the rank 2^k further (relative to
     root). Cost: ceil(log2 p) * (alpha + n*beta).
+
+    A non-contiguous x (a column slice, a transposed view) is sent and received through a
+    contiguous copy, and the copy's data written back into x: the caller's buffer is filled too.
     """
-    _check(comm, root=root)
-    x = xp.contiguous(x)
+    root = _check(comm, root=root)
+    given, x = x, xp.contiguous(x)
     p, vr = comm.size, (comm.rank - root) % comm.size  # vr: my rank counted from the root
     with comm.region("broadcast:tree", "collective"):
         mask = 1
@@ -72,6 +80,9 @@ def broadcast(comm, x, root=0):
             if vr + mask < p:
                 comm.send(x, (vr + mask + root) % p, TAG)
             mask >>= 1
+    if x is not given:  # the caller's buffer, not only the returned copy
+        given[...] = x
+        return given
     return x
 
 
@@ -81,7 +92,7 @@ def reduce(comm, x, root=0, op="sum"):
     The broadcast tree run backwards: each rank adds what its children send, then sends the
     partial result to its parent. Cost: ceil(log2 p) * (alpha + n*beta + n*gamma).
     """
-    _check(comm, op, root)
+    root = _check(comm, op, root)
     p, vr = comm.size, (comm.rank - root) % comm.size
     acc, tmp = xp.copy(x), buffer(comm, "tree.recv", xp.empty(x.shape, like=x))  # a child's whole vector
     with comm.region("reduce:tree", "collective"):
@@ -95,6 +106,81 @@ def reduce(comm, x, root=0, op="sum"):
                 _combine(acc, tmp, op)
             mask <<= 1
     return acc
+
+
+def _tree(p, vr):
+    """(end, masks) of virtual rank ``vr`` in the binomial tree of :func:`broadcast`: its subtree is
+    the virtual ranks vr .. end-1 (vr's lowest set bit wide, all p for the root), and its children
+    are vr + m for each m in ``masks`` (the powers of two below that bit, vr + m < p)."""
+    low = vr & -vr if vr else p  # the lowest set bit: how far my subtree reaches
+    masks = [1 << k for k in range(max(p - 1, 1).bit_length()) if (1 << k) < low and vr + (1 << k) < p]
+    return min(vr + low, p), masks
+
+
+def gather(comm, x, root=0, counts=None):
+    """Binomial-tree gather: the concatenation along axis 0 of every rank's x, in rank order, on
+    ``root``; None elsewhere. ``counts[r]``: rank r's rows (default: all equal to x.shape[0]).
+
+    The broadcast tree run backwards, each rank forwarding its whole subtree at once: a rank
+    receives its children's subtrees (rows of consecutive virtual ranks) straight into place,
+    then sends everything it holds to its parent. Cost: ceil(log2 p) * alpha + (p-1)/p * n * beta
+    at the root, n the bytes gathered (a loop of p-1 receives at the root pays (p-1) * alpha).
+    """
+    root = _check(comm, root=root)
+    p, r = comm.size, comm.rank
+    counts = [x.shape[0]] * p if counts is None else [int(c) for c in counts]
+    if len(counts) != p or counts[r] != x.shape[0]:
+        raise ValueError(f"counts={counts}: need one axis-0 length per rank ({p}), and counts[{r}] "
+                         f"must equal x.shape[0]={x.shape[0]}")
+    vr = (r - root) % p
+    rows = [counts[(v + root) % p] for v in range(p)]  # rows of each virtual rank
+    at = [sum(rows[:v]) for v in range(p + 1)]  # virtual rank v's rows start at at[v]
+    end, children = _tree(p, vr)
+    held = xp.empty((at[end] - at[vr],) + tuple(x.shape[1:]), like=x)  # my subtree's rows, virtual order
+    held[:rows[vr]] = x
+    with comm.region("gather:tree", "collective"):
+        for m in children:  # nearest child first: its subtree is the smallest
+            c, c_end = vr + m, _tree(p, vr + m)[0]
+            comm.recv(held[at[c] - at[vr]:at[c_end] - at[vr]], (c + root) % p, TAG + 16)
+        if vr:
+            comm.send(held, (vr - (vr & -vr) + root) % p, TAG + 16)
+            return None
+    out = xp.empty(held.shape, like=x)  # from virtual order back to rank order
+    start = [sum(counts[:q]) for q in range(p)]
+    for v in range(p):
+        q = (v + root) % p
+        out[start[q]:start[q] + rows[v]] = held[at[v]:at[v + 1]]
+    return out
+
+
+def scatter(comm, x, root=0, counts=None):
+    """Binomial-tree scatter: rank r gets its ``counts[r]`` rows of the root's x (default
+    ``chunk_bounds``: as even as can be). x has the same shape and dtype on every rank, as
+    broadcast's buffer does; only the root's values are read.
+
+    The gather tree run forwards: a rank receives its whole subtree's rows from its parent, keeps
+    its own and sends each child its child's subtree, farthest first. Cost: ceil(log2 p) * alpha
+    + (p-1)/p * n * beta at the root.
+    """
+    root = _check(comm, root=root)
+    p, r = comm.size, comm.rank
+    bounds = _counted(comm, x, counts)
+    vr = (r - root) % p
+    rows = [bounds[(v + root) % p][1] - bounds[(v + root) % p][0] for v in range(p)]
+    at = [sum(rows[:v]) for v in range(p + 1)]
+    end, children = _tree(p, vr)
+    held = xp.empty((at[end] - at[vr],) + tuple(x.shape[1:]), like=x)  # my subtree's rows, virtual order
+    with comm.region("scatter:tree", "collective"):
+        if vr:
+            comm.recv(held, (vr - (vr & -vr) + root) % p, TAG + 17)
+        else:
+            for v in range(p):  # the root lays its rows out in virtual order
+                a, b = bounds[(v + root) % p]
+                held[at[v]:at[v + 1]] = x[a:b]
+        for m in reversed(children):  # farthest child first: it has the most to forward
+            c, c_end = vr + m, _tree(p, vr + m)[0]
+            comm.send(xp.contiguous(held[at[c] - at[vr]:at[c_end] - at[vr]]), (c + root) % p, TAG + 17)
+    return xp.copy(held[:rows[vr]])
 
 
 # --------------------------------------------------------------------------- the ring
@@ -174,20 +260,35 @@ def _ring_all_gather(comm, buf, bounds, observe=None):
     drain(ring_steps(comm, buf, bounds, TAG + 3, ("all-gather",), observe=observe))
 
 
-def reduce_scatter(comm, x, op="sum"):
+def reduce_scatter(comm, x, op="sum", counts=None):
     """Ring reduce-scatter along axis 0: returns this rank's chunk of the elementwise reduction.
 
-    Every rank sends and receives (p-1)/p of the vector once.
+    ``counts[r]`` is rank r's chunk, in axis-0 rows (default ``chunk_bounds``: as even as can be);
+    the counts add up to x.shape[0] and are the same on every rank (``all_gather``'s counts, the
+    other way round). Every rank sends and receives (p-1)/p of the vector once.
     Cost: (p-1) * alpha + (p-1)/p * n * (beta + gamma).
     """
     _check(comm, op)
+    rows = _counted(comm, x, counts)
     k = _rows(x)
-    bounds = [(a * k, b * k) for a, b in xp.chunk_bounds(x.shape[0], comm.size)]
+    bounds = [(a * k, b * k) for a, b in rows]
     buf = xp.flat(xp.copy(x))
     with comm.region("reduce_scatter:ring", "collective"):
         _ring_reduce_scatter(comm, buf, bounds, op)
-    a, b = xp.chunk_bounds(x.shape[0], comm.size)[comm.rank]
+    a, b = rows[comm.rank]
     return xp.copy(buf[a * k: b * k]).reshape((b - a,) + tuple(x.shape[1:]))
+
+
+def _counted(comm, x, counts):
+    """[(start, stop)] of every rank's axis-0 rows: ``counts``, or ``chunk_bounds`` without them."""
+    if counts is None:
+        return xp.chunk_bounds(x.shape[0], comm.size)
+    counts = [int(c) for c in counts]
+    if len(counts) != comm.size or min(counts) < 0 or sum(counts) != x.shape[0]:
+        raise ValueError(f"counts={counts}: need one axis-0 length >= 0 per rank ({comm.size}), "
+                         f"adding up to x.shape[0]={x.shape[0]}")
+    starts = [sum(counts[:r]) for r in range(comm.size + 1)]
+    return list(zip(starts[:-1], starts[1:]))
 
 
 def all_gather(comm, x, counts=None):

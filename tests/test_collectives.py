@@ -6,7 +6,8 @@ from minipar.collectives import ALGORITHMS
 
 from .conftest import has_torch
 
-COLLECTIVES = {f"all_reduce:{a}" for a in (*ALGORITHMS, "hierarchical")} | {"reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "all_to_all_v"}
+COLLECTIVES = {f"all_reduce:{a}" for a in (*ALGORITHMS, "hierarchical")} | {"reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "all_to_all_v",
+                                                                        "gather", "scatter", "reduce_scatter:counts"}
 
 
 def check_records(results, n):

@@ -64,6 +64,22 @@ def verify(comm, lengths=DEFAULT_LENGTHS, dtypes=("float64", "float32", "int64")
             elif red is not None:  # only the root gets a result
                 out.append({"collective": "reduce", "dtype": dtype, "n": n, "error": float("inf"),
                             "tolerance": 0.0, "ok": False, "rank": comm.rank})
+            uneven = [(n + q) % 3 for q in range(comm.size)]  # rows per rank: 0, 1 or 2, some empty
+            starts = [sum(uneven[:q]) for q in range(comm.size + 1)]
+            mine = draw(comm, uneven[comm.rank], dtype, seed + 4)  # rank q's uneven[q] elements
+            everyone = C.all_gather(comm, mine, uneven)  # (the reference: the ring checked above)
+            got = C.gather(comm, mine, np.int64(root), uneven)  # a NumPy integer is a rank too
+            if comm.rank == root:
+                record("gather", dtype, n, got, everyone)
+            elif got is not None:
+                out.append({"collective": "gather", "dtype": dtype, "n": n, "error": float("inf"),
+                            "tolerance": 0.0, "ok": False, "rank": comm.rank})
+            whole = draw(comm, starts[-1], dtype, seed + 3, rank=root)
+            sent = whole if comm.rank == root else comm.empty(starts[-1], dtype)
+            lo, hi = starts[comm.rank], starts[comm.rank + 1]
+            record("scatter", dtype, n, C.scatter(comm, sent, root, uneven), whole[lo:hi])
+            record("reduce_scatter:counts", dtype, n, C.reduce_scatter(comm, everyone, counts=uneven),
+                   b.all_reduce(everyone)[lo:hi])
             y = draw(comm, comm.size * n, dtype, seed + 1)
             record("all_to_all", dtype, n, C.all_to_all(comm, y), b.all_to_all(y))
             counts = [int(c) for c in np.random.default_rng([seed, comm.rank, n]).integers(0, n + 1, comm.size)]
