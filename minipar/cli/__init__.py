@@ -2,6 +2,7 @@
 
     minipar tour                         run every lesson on 4 ranks, checked against its reference
     minipar lessons                      list the lessons with their lab, notebook, figures and verbs
+    minipar notebook 01                  read notebook 01 as stored, in the terminal (--html FILE: a web page)
     minipar run -n 4 collectives         run one lesson's checks on real ranks
     minipar lab start 01                 your copy of lab 01 to edit, in ./minipar-labs/01_collectives/
     minipar check 01 [--task 1.3]        grade it; --hint 1.3: a hint, one stage at a time

@@ -1,13 +1,19 @@
-"""What a notebook shows beside its figures: check tables folded to one line, and knobs to turn.
+"""What a notebook shows beside its figures: check tables folded to one line, knobs to turn, and
+the code a lesson is about.
 
-    from minipar.figures.notebook import checks, knobs
+    from minipar.figures.notebook import checks, knobs, source
     checks(rows, ranks=4)   # 12 checks passed, worst rel. error 2.6e-16 (tolerance 1e-12; backend numpy, 4 ranks)
+    source(ring_steps)      # the function as minipar/collectives.py has it now, under its file's name
     knobs(plot_schedule, "s.png", dict(schedule="1f1b", p=4, m=8), p=(2, 8), m=[1, 8, 32])   # a static figure
                                                                        # always; the knobs in a live Jupyter kernel
 
 ``checks`` folds the rows of :func:`minipar.lessons.common.format_rows` under a summary line (an
 HTML ``<details>``); a failing check is named in the summary line itself, and its table is open.
 The plain-text form, which ``make notebooks`` and the notebook tests read, keeps every row.
+
+``source`` displays functions (or classes) from the library's own files, read when the cell runs:
+a stored notebook shows the code that produced its outputs, not a copy beside it that can drift
+(``tests/test_prose.py`` compares every stored one with the module as it is).
 
 ``knobs`` draws ``draw(path, **defaults)`` and displays it, always: the stored notebook and a static
 site show that picture. In a live kernel with ipywidgets, the knobs appear under it and redraw
@@ -17,9 +23,13 @@ form only (:data:`STATIC`): a widget's state is worth nothing without a kernel b
 """
 from __future__ import annotations
 
+import ast
 import html
 import importlib.util
+import inspect
 import os
+import pathlib
+import textwrap
 
 from ..lessons.common import format_rows
 
@@ -59,6 +69,41 @@ def checks(rows, ranks=None, backend: str = "numpy", prefix: str = ""):
     from IPython.display import display
 
     display(fold(rows, ranks, backend, prefix), raw=True)
+
+
+def source_text(obj, docstring: bool = True) -> str:
+    """``obj``'s source as its file has it now, under one comment line naming the file and the
+    name: ``# minipar/collectives.py: ring_steps``. ``docstring=False`` leaves the docstring out
+    (one comment line says where to read it)."""
+    lines, _ = inspect.getsourcelines(obj)
+    path = pathlib.Path(inspect.getsourcefile(obj)).resolve()
+    package = pathlib.Path(__file__).resolve().parents[1]  # minipar/
+    where = path.relative_to(package.parent).as_posix() if path.is_relative_to(package.parent) else path.name
+    name = f"{obj.__module__}.{obj.__qualname__}"
+    if not docstring:
+        body = ast.parse(textwrap.dedent("".join(lines))).body[0].body
+        first = body[0] if body else None
+        if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                and isinstance(first.value.value, str):
+            opening = lines[first.lineno - 1]
+            indent = opening[: len(opening) - len(opening.lstrip())]
+            lines = lines[: first.lineno - 1] + [f"{indent}# (its docstring: help({name}))\n"] + lines[first.end_lineno:]
+    return f"# {where}: {obj.__qualname__}\n" + "".join(lines)
+
+
+def source_bundle(*objs, docstring: bool = True) -> dict:
+    """The display bundle of :func:`source`: ``text/plain`` (the code) and ``text/markdown`` (the
+    same code as a fenced Python block, highlighted where notebooks are rendered)."""
+    text = "\n\n".join(source_text(o, docstring).rstrip("\n") for o in objs) + "\n"
+    fence = "`" * max(3, 1 + max((len(run) for run in text.split("\n") if set(run) == {"`"}), default=0))
+    return {"text/plain": text, "text/markdown": f"{fence}python\n{text}{fence}\n"}
+
+
+def source(*objs, docstring: bool = True):
+    """Display the source of each of ``objs`` (functions, classes) as the library has it now."""
+    from IPython.display import display
+
+    display(source_bundle(*objs, docstring=docstring), raw=True)
 
 
 def _show(value) -> str:

@@ -182,8 +182,9 @@ def memory_rows(ch, rng, nh=1, hs=1, chunk=48):
         comm.tracer.enabled = was
     block = nh * chunk * chunk * 8
     bound, wide = 6 * block + 24 * nbytes(q), nh * lay.local * T * 8
+    # a bound, not a value: the row's error is the relative excess over it (0 when the peak is under)
     ch.flag(f"ring peak allocation <= 6 score blocks + 24 K = {bound} B (a T/cp x T score alone: {wide} B)",
-            peak / bound, 1.0)
+            max(peak / bound - 1.0, 0.0))
 
 
 def layer_rows(ch, rng, dtype):

@@ -56,11 +56,17 @@ def why_loses(res: Result, axis: str, value, i: int) -> str:
     if t > prob.gpus_per_node and not res.eligible[i]:
         return (f"TP={t} crosses the node: its all-reduces go over {prob.hw.inter.name} "
                 f"(TP comm {ev['parts']['tp_comm'][i]:.3g} s vs {ev['parts']['tp_comm'][w]:.3g} s per step)")
-    if abs(slower) < 0.005:
+    more = mem["total"][i] - mem["total"][w]
+    if abs(slower) < 0.005 and gb(mem["total"][i]) != gb(mem["total"][w]) and more > 0:
+        # a tie on time (under 0.5%) lost on memory: say how much more it needs
         return (f"{name}: as fast ({ev['step'][i]:.3g} s/step) but {gb(mem['total'][i])} per GPU vs "
                 f"{gb(mem['total'][w])} [{res.cfgs.config(i).describe(res.prob.batch)}]")
-    return (f"{name}: {ev['step'][i]:.3g} s/step ({slower:+.0%}), {LABEL[worst]} {dt[worst]:+.3g} s "
-            f"[{res.cfgs.config(i).describe(res.prob.batch)}]")
+    if dt[worst] <= 0:  # no part is slower: the same step and memory, ranked below by order alone
+        return (f"{name}: ties with the best ({ev['step'][i]:.3g} s/step, {gb(mem['total'][i])} per GPU) "
+                f"[{res.cfgs.config(i).describe(res.prob.batch)}]")
+    # slower, if only by a little (then the percentage gets a decimal: +0.3%, not +0%)
+    return (f"{name}: {ev['step'][i]:.3g} s/step ({slower:+.{0 if abs(slower) >= 0.005 else 1}%}), "
+            f"{LABEL[worst]} {dt[worst]:+.3g} s [{res.cfgs.config(i).describe(res.prob.batch)}]")
 
 
 def runners_up(res: Result) -> list[str]:
@@ -150,8 +156,9 @@ def compare_rule(res: Result) -> list[str]:
         lines.append(f"  the search disagrees: {first} needs at least {gb(mem['total'][i])} per GPU > "
                      f"{gb(res.prob.capacity)}; it picks {describe_family(best)}")
         return lines
-    i = ok[np.argmin(res.ev["estimate"][ok])]
-    simulate_rows(res, [i])
+    simulate_rows(res, [ok[np.argmin(res.ev["estimate"][ok])]])  # the closest by estimate
+    done = ok[~np.isnan(res.ev["step"][ok])]  # and those the search simulated: the table may hold a faster one
+    i = done[np.argmin(res.ev["step"][done])]
     slower = res.ev["step"][i] / res.ev["step"][w] - 1
     lines.append(f"  the search picks {describe_family(best)}; the best {first} configuration "
                  f"[{res.cfgs.config(i).describe(res.prob.batch)}] takes {res.ev['step'][i]:.3g} s/step, {slower:+.0%}"

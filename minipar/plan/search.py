@@ -283,4 +283,22 @@ def alternatives(res: Result, per_axis: int = 1) -> list[tuple[str, object, int]
         picks.sort()  # the strongest contenders of this axis first
         out += [(a, v, i) for _, _, a, v, i in picks if i not in {r for *_, r in out}][:per_axis]
     simulate_rows(res, [i for *_, i in out if res.ev["mem"]["fits"][i]])
-    return out
+    return _fastest_simulated(res, out)
+
+
+def _fastest_simulated(res: Result, out):
+    """``out`` with each fitting pick replaced by the fastest simulated configuration of its axis
+    value, when the search simulated a faster one than the estimate chose (the table above the
+    alternatives may rank it): the line then names the value's best known, not a slower one."""
+    mem, step = res.ev["mem"], res.ev["step"]
+    taken, better = {i for *_, i in out}, []
+    for a, v, i in out:
+        if mem["fits"][i]:
+            col = axis_column(res, a)
+            sim = np.flatnonzero((col == v) & mem["fits"] & res.eligible & ~np.isnan(step))
+            sim = [int(j) for j in sim[np.argsort(step[sim], kind="stable")] if j == i or j not in taken]
+            if sim and step[sim[0]] < step[i]:
+                taken = (taken - {i}) | {sim[0]}
+                i = sim[0]
+        better.append((a, v, i))
+    return better
