@@ -63,6 +63,35 @@ def test_lab_start_refuses_an_existing_exercise_in_one_line_unless_forced(tmp_pa
     assert f"minipar check 01 --file {Path('mine') / 'exercise.py'}" in out, out
 
 
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_inside_a_workspace_check_grades_it_and_lab_start_never_nests(tmp_path, capsys, monkeypatch):
+    """A learner who cd's into their workspace: `minipar check 01` grades the exercise there (it
+    said "no workspace here", and `lab start` then nested a blank skeleton inside it, which
+    `check` graded: 0 tasks passing, the work looking lost)."""
+    monkeypatch.chdir(tmp_path)
+    assert in_process(["lab", "start", "01"], capsys, monkeypatch)[0] == 0
+    work = tmp_path / "minipar-labs" / "01_collectives"
+    (work / "exercise.py").write_text(solved(LABS[0]).read_text())
+    code, out = check("01", "--task", "1.6", cwd=work)
+    assert code == 0 and "grading ./exercise.py" in out and "1/1 tasks pass" in out, out
+    monkeypatch.chdir(work)
+    code, out, err = in_process(["lab", "start", "01"], capsys, monkeypatch)
+    assert code == 2 and "you are in this workspace: grade it with `minipar check 01`" in err, (out, err)
+    code, out, err = in_process(["lab", "start", "02"], capsys, monkeypatch)  # a sibling, not a nest
+    assert code == 0 and "wrote ../02_tensor_parallel/exercise.py" in out, (out, err)
+    assert (tmp_path / "minipar-labs" / "02_tensor_parallel" / "exercise.py").exists()
+    assert not (work / "minipar-labs").exists() and solved(LABS[0]).read_text() == (work / "exercise.py").read_text()
+
+
+def test_lab_start_names_the_hints_before_the_answer(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = in_process(["lab", "start", "01"], capsys, monkeypatch)
+    commands = [ln for ln in out.splitlines() if ln.startswith("  minipar")]
+    assert code == 0 and not any("solution" in c for c in commands), out
+    assert out.index("--hint 1.1") < out.index("minipar lab solution 01"), out
+
+
 def test_check_without_a_workspace_says_how_to_start_one(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = in_process(["check", "02"], capsys, monkeypatch)

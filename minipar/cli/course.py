@@ -28,9 +28,9 @@ from ..figures import DEFAULT_OUT as FIGURES_OUT
 from ..labs import workspace
 from ..launcher import LaunchError, launch
 from ..lessons.common import merge_rows
-from .common import Parser, Verbs, nonnegative_float, progress, ranks, run_options, with_example
+from .common import Parser, Verbs, nonnegative_float, output_path, progress, ranks, run_options, with_example
 
-VERBS = ("tour", "lessons", "check", "lab start", "lab solution", "figures")  # beside the groups `run` and `bench`, which the lessons fill
+VERBS = ("tour", "lessons", "check", "lab start", "lab solution", "figures", "notebook")  # beside the groups `run` and `bench`, which the lessons fill
 FIGURES_MINUTES = 11  # every lesson's figures on a 2-core laptop (lesson 02: 4 minutes of it)
 
 
@@ -55,7 +55,8 @@ def add_verbs(top) -> Verbs:
     run = r.add_subparsers(dest="lesson", metavar="LESSON", required=True)
 
     c = top.add_parser("check", help="grade a lab exercise (your workspace's), or show a hint",
-                       **with_example("minipar check 01 --task 1.3\n  minipar check 01 --hint 1.3"))
+                       **with_example("minipar check 01 --task 1.3\n  minipar check 01 --hint 1.3\n"
+                                      "  minipar check 01 --task 1.5 --trace t.json   # then open t.json in ui.perfetto.dev"))
     c.add_argument("lab", help="lab number, e.g. 01 (the labs: `minipar lessons`)")
     c.add_argument("--task", action="append", help="grade only this task (repeatable), e.g. 1.3")
     c.add_argument("--file", help="the exercise file to grade (default: your workspace's, "
@@ -67,6 +68,11 @@ def add_verbs(top) -> Verbs:
                    help="with --backend torch: the tensors' device (default cpu, gloo; cuda: NCCL)")
     c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="watchdog seconds per graded run (default 20)")
     c.add_argument("-v", "--verbose", action="store_true", help="show every failing check of a task, not only the first")
+    c.add_argument("--trace", metavar="FILE", type=output_path,
+                   help="also write your graded run as a Chrome trace (open in https://ui.perfetto.dev): for each task, "
+                        "the calls of your function it graded in its last run that finished (the largest world size, "
+                        "4 ranks for most tasks; where a task fails, the run that failed it), one process per rank; "
+                        "each graded call is a box named after its task, each message names its task and your line")
     c.add_argument("--hint", metavar="TASK", help="grade nothing: show TASK's next hint (each task has 2 or 3, "
                                                   "from a nudge to near-pseudocode; the stage reached is kept in the workspace)")
     c.add_argument("--stage", type=int, help="with --hint: show this stage (1 = the nudge)")
@@ -101,6 +107,9 @@ def add_verbs(top) -> Verbs:
     f.add_argument("--only", help="one lesson (key or name)")
     f.add_argument("--quick", action="store_true", help="smaller runs (for tests)")
     f.set_defaults(func=cmd_figures)
+    from .notebooks import add_verbs as add_notebook_verbs  # here: `python -m minipar.cli.notebooks` imports minipar.cli
+
+    add_notebook_verbs(top)  # minipar notebook NN
     return Verbs(top=top, run=run, bench=bench)
 
 
@@ -187,10 +196,11 @@ def cmd_lab_start(args):
     first = tasks_of(ls)[0]
     print(f"\nthe tasks: {workspace.skeleton(ls) / 'README.md'}\nnext, from {Path.cwd()}:")
     for command, what in ((grade, "grade every task"), (f"{grade} --task {first}", "grade one task"),
+                          (f"{grade} --backend torch", "grade it on torch tensors"),
                           (f"{grade.replace(' --file', f' --hint {first} --file')}" if not default else
-                           f"{grade} --hint {first}", "stuck? a hint, one stage at a time"),
-                          (f"minipar lab solution {ls.key} --task {first}", "the answer")):
+                           f"{grade} --hint {first}", "stuck? a hint, one stage at a time")):
         print(f"  {command:<44} # {what}" if len(command) < 44 else f"  {command}\n  {'':<44} # {what}")
+    print(f"(after the last hint, `minipar lab solution {ls.key} --task T` shows minipar's own answer)")
     return 0
 
 

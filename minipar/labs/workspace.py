@@ -40,9 +40,24 @@ def skeleton(ls: Lesson) -> Path:
     return folder
 
 
+def home(cwd: Path | None = None) -> Path:
+    """The ``minipar-labs`` folder workspaces go in, relative to where the command runs: ``./minipar-labs``,
+    or, run from inside one (``minipar-labs`` itself, or a workspace in it), that one: a learner who
+    ``cd``'d into a workspace gets the same workspaces, never a ``minipar-labs`` nested inside it."""
+    cwd = (cwd or Path.cwd()).resolve()
+    for k, folder in enumerate((cwd, *cwd.parents)):
+        if folder.name == HOME.name:
+            return Path(*[".."] * k) if k else Path(".")
+        if k == 1:
+            break
+    return HOME
+
+
 def default_folder(ls: Lesson) -> Path:
-    """``minipar-labs/01_collectives``: the workspace ``lab start`` makes and ``check`` grades."""
-    return HOME / Path(ls.lab).name
+    """``minipar-labs/01_collectives``: the workspace ``lab start`` makes and ``check`` grades (seen
+    from inside ``minipar-labs/02_...``, ``../01_collectives``; from inside its own folder, ``.``)."""
+    folder = home() / Path(ls.lab).name
+    return Path(".") if folder.resolve() == Path.cwd().resolve() else folder
 
 
 def start(key: str, folder: str | None = None, force: bool = False) -> tuple[Lesson, list[Path]]:
@@ -58,7 +73,8 @@ def start(key: str, folder: str | None = None, force: bool = False) -> tuple[Les
         raise UsageError(f"{target} exists and is not a folder")
     there = [target / name for name in EDITED if (target / name).exists()]
     if there and not force:
-        raise UsageError(f"{there[0]} exists (your work?): keep it, or replace it with the skeleton: --force")
+        inside = " (you are in this workspace: grade it with `minipar check " + ls.key + "`)" if target == Path(".") else ""
+        raise UsageError(f"{there[0]} exists (your work?){inside}: keep it, or replace it with the skeleton: --force")
     target.mkdir(parents=True, exist_ok=True)
     written = []
     for name in EDITED:
