@@ -66,7 +66,8 @@ def add_verbs(top) -> Verbs:
                    help="grade on NumPy arrays over MPI (default) or on torch tensors over torch.distributed")
     c.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="with --backend torch: the tensors' device (default cpu, gloo; cuda: NCCL)")
-    c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="watchdog seconds per graded run (default 20)")
+    c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="seconds a rank may stay blocked in one call before its job is ended (default 20); each "
+                        "task also has a time budget of its own (15 s for most), which usually ends a deadlock first")
     c.add_argument("-v", "--verbose", action="store_true", help="show every failing check of a task, not only the first")
     c.add_argument("--trace", metavar="FILE", type=output_path,
                    help="also write your graded run as a Chrome trace (open in https://ui.perfetto.dev): for each task, "
