@@ -13,7 +13,9 @@ return value must be picklable.
 
 If any rank raises, the job ends within seconds and :class:`LaunchError` carries that rank's
 traceback, or, for a :class:`minipar.errors.UsageError`, its one line (``rank 3: error: ...``;
-that error is then a ``UsageError`` too, so the command line prints it as one line).
+that error is then a ``UsageError`` too, so the command line prints it as one line). A rank that
+dies of a fatal signal (an engine's C++ abort, a segfault) is reported the same way, from the
+stacks it wrote as it died (:func:`crash_reports`).
 If ranks block (a deadlock, a send without its recv), the watchdog reports what each waits on
 and ends the job, also as a :class:`LaunchError`.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import linecache
 import os
 import pickle
 import re
@@ -43,7 +46,8 @@ import time
 from dataclasses import dataclass, field
 
 from . import libc
-from .comm import check_backend
+from .comm import _launching, check_backend
+from .comm.watchdog import users
 from .errors import UsageError
 
 
@@ -81,6 +85,10 @@ def failure(n: int, target: str, code: int, output: str) -> LaunchError:
         line = next(ln for ln in lines if ln.startswith("minipar watchdog:")).split(" What every rank")[0]
     elif any(re.match(r"^rank \d+ raised:$", ln) for ln in lines):
         line = _exception_line(lines)
+    elif any(_CRASH.match(ln) for ln in lines):  # crash_reports': its rank and its last line
+        i = next(i for i, ln in enumerate(lines) if _CRASH.match(ln))
+        last = next((ln for ln in lines[i + 1:] if ln and not ln.startswith((" ", "Traceback"))), "")
+        line = f"{lines[i]} {last}".strip()
     elif code == 124:
         line = lines[-1]
     else:
@@ -96,6 +104,56 @@ def _exception_line(lines) -> str:
         if ln and not ln.startswith((" ", "Traceback")):
             return f"{lines[i][:-1]} {ln}"
     return lines[i][:-1] + " an exception"
+
+
+_CRASH = re.compile(r"^rank (\d+) crashed:$")  # the first line of a rank's report in crash_reports
+_FH_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+
+
+def crash_reports(folder: str, n: int, output: str) -> str:
+    """What the ranks that died of a fatal signal wrote into ``folder`` (``crash.<rank>``: Python's
+    faulthandler, enabled by ``minipar.init`` under this launcher; an engine's C++ abort, as gloo's
+    on a message larger than its buffer, or a segfault), each as a report like an exception's::
+
+        rank 1 crashed:
+        Traceback (most recent call last):
+          File "exercise.py", line 7, in ring_pass
+            return comm.sendrecv(x, right, buf, left)
+          ...
+        Fatal Python error: Aborted: gloo::EnforceNotMet: ... Received data size doesn't match ...
+
+    The stack is the thread's that was running the user's code (the crash itself often happens in
+    an engine's own thread, with no Python frame); the last line names the engine's exception when
+    the ranks' ``output`` says which (only when a single rank crashed: the output is not per rank).
+    "" when no rank crashed."""
+    dumps = {}
+    for r in range(n):
+        with contextlib.suppress(OSError):
+            with open(os.path.join(folder, f"crash.{r}")) as f:
+                text = f.read()
+            if text.strip():
+                dumps[r] = text
+    engine = re.search(r"terminate called after throwing an instance of '([^']+)'\s*\n\s*what\(\):\s*(.*)", output)
+    reports = []
+    for r, text in dumps.items():
+        fatal, threads = text.strip().splitlines()[0], []
+        for block in re.split(r"\n\s*\n", text):
+            if re.match(r"^(Current thread|Thread) 0x", block.strip()):
+                frames = [m.groups() for m in map(_FH_FRAME.match, block.splitlines()) if m]
+                threads.append((block.strip().startswith("Current"), frames[::-1]))  # most recent call last
+        stacks = [fr for _, fr in sorted(threads, key=lambda t: not t[0])]  # the crashing thread's first
+        frames = next((fr for fr in stacks if any(users(f) for f, _, _ in fr)), None) or next((fr for fr in stacks if fr), [])
+        lines = [f"rank {r} crashed:", "Traceback (most recent call last):"]
+        for path, lineno, func in frames:
+            if path.startswith("<frozen") or _launching(path):  # as an exception's report: from the user's code on
+                continue
+            lines.append(f'  File "{path}", line {lineno}, in {func}')
+            source = linecache.getline(path, int(lineno)).strip()
+            if source:
+                lines.append(f"    {source}")
+        said = f": {engine.group(1)}: {engine.group(2).strip()}" if engine and len(dumps) == 1 else ""
+        reports.append("\n".join(lines) + f"\n{fatal}{said}\n")
+    return "".join(reports)
 
 
 @dataclass
@@ -162,9 +220,10 @@ def launch(n: int, target, /, *, backend: str = "mpi", device: str | None = None
             limit = job_timeout or ((watchdog or 600) + 120)
             env = {**rank_env(), **(env or {})}
             env["MINIPAR_WATCHDOG_DIR"] = tmp  # a watchdog report folder dies with this one
+            env["MINIPAR_CRASH_DIR"] = tmp  # where a rank that dies of a fatal signal writes its stacks
             code, output = run_streaming(cmd, limit, echo=not quiet, env=env, on_line=on_line)
             if code != 0 or not os.path.exists(result_path):
-                raise failure(n, spec["target"], code, output)
+                raise failure(n, spec["target"], code, output + crash_reports(tmp, n, output))
             with open(result_path, "rb") as f:
                 res = pickle.load(f)
             return LaunchResult(res["results"], res["trace"], output)

@@ -11,7 +11,9 @@ works without torch installed.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
+import re
 import sys
 import time
 import traceback
@@ -63,7 +65,8 @@ def _end_job_on_uncaught(rank: int, size: int):
 
     A ``UsageError`` (a mistake in what was asked for) prints one line, ``rank 3: error: ...``;
     so does a rank whose peer vanished (under torchrun, the ranks left behind by one that
-    failed see gloo's "Connection closed by peer" before torchrun's agent stops them).
+    failed see gloo's "Connection closed by peer" before torchrun's agent stops them; "Connection
+    reset by peer" where the peer was ended by a crash of its own: its report is the one to read).
     Anything else is a bug and prints its traceback once. Then, with more than one rank, the
     whole job ends at once (``MPI_Abort``, or exit under torchrun, whose agent stops the rest),
     so no other rank waits forever for this one, with or without ``python -m mpi4py``.
@@ -71,8 +74,9 @@ def _end_job_on_uncaught(rank: int, size: int):
     def hook(kind, value, tb):
         if issubclass(kind, UsageError):
             report = f"rank {rank}: error: {value}\n"
-        elif issubclass(kind, RuntimeError) and "Connection closed by peer" in str(value):
-            report = f"rank {rank}: stopped: another rank has ended (gloo: connection closed by peer)\n"
+        elif issubclass(kind, RuntimeError) and _PEER_GONE.search(str(value)):
+            said = _PEER_GONE.search(str(value)).group(0).lower()
+            report = f"rank {rank}: stopped: another rank has ended (gloo: {said})\n"
         else:
             while tb is not None and _launching(tb.tb_frame.f_code.co_filename):
                 tb = tb.tb_next  # start the traceback at the user's code
@@ -86,6 +90,27 @@ def _end_job_on_uncaught(rank: int, size: int):
             _abort(1)
 
     sys.excepthook = hook
+
+
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
+_CRASH_FILES: list = []  # kept open: faulthandler writes into it when the rank dies
+
+
+def _stacks_on_crash(rank: int):
+    """Under ``minipar.launch`` (``$MINIPAR_CRASH_DIR``): a rank that dies of a fatal signal (a C++
+    abort in an engine's thread, as gloo's on a message larger than the buffer, or a segfault)
+    writes every thread's Python stack to ``crash.<rank>`` there, and the launcher reports it like
+    an exception: the user's line that was running, and the rank. Elsewhere nothing changes (who
+    runs mpiexec or torchrun can set ``PYTHONFAULTHANDLER``)."""
+    folder = os.environ.get("MINIPAR_CRASH_DIR")
+    if not folder or faulthandler.is_enabled():
+        return
+    try:
+        f = open(os.path.join(folder, f"crash.{rank}"), "w")
+    except OSError:  # a rank on another host than the launcher: no folder to write to
+        return
+    _CRASH_FILES.append(f)
+    faulthandler.enable(f, all_threads=True)
 
 
 def _write_all(fd: int, data: bytes):
@@ -133,6 +158,7 @@ def init(backend: str = "mpi", device: str | None = None, watchdog: float | None
         comm = _init_torch(device, timeout, trace)
     if sys.excepthook.__module__ != __name__:
         _end_job_on_uncaught(comm.rank, comm.size)
+        _stacks_on_crash(comm.rank)
     _WORLD[key] = comm
     return comm
 

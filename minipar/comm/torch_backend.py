@@ -304,7 +304,8 @@ class TorchComm(Comm):
         return TorchComm(group, self.device, self.engine, self.tracer, self.watchdog, name)
 
     def empty(self, shape, dtype="float64"):
-        return torch.empty(shape, dtype=getattr(torch, str(dtype)), device=self.device)
+        dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype).replace("torch.", ""))
+        return torch.empty(shape, dtype=dtype, device=self.device)  # dtype: "float64", or torch.float64 (x.dtype)
 
     def asarray(self, a):
         return torch.as_tensor(a).to(self.device).contiguous()

@@ -11,18 +11,23 @@ user code must not leave a stale "blocked in recv" behind). That is one tuple pe
 
 A stretch of work can also be given a time budget, ``with watchdog.within("task 1.1", 30):``
 (the lab grader gives each task one): a rank still inside it after that many seconds, blocked or
-computing (a loop that never ends, a sleep), fires the same way.
+computing (a loop that never ends, a sleep), fires the same way; so does a rank whose resident
+memory grew by more than ``memory`` megabytes inside it (``within("task 3.2", 15, memory=512)``: a
+loop that never ends and allocates as it goes is stopped before it takes the machine's memory).
 
 A daemon thread per rank wakes every ``POLL`` seconds. When its rank has been inside one
-call for longer than ``timeout`` seconds, or inside a budget past its end, it *fires*:
+call for longer than ``timeout`` seconds, or inside a budget past its end or over its memory,
+it *fires* (over its memory, once the report is printed, the rank's address space is capped
+where it is, :func:`hold_memory`, so it grows no further while the job is being ended):
 
 1. it creates the report folder (``os.mkdir`` is atomic: the first rank to fire owns the
    report). The folder's path was agreed at start-up (rank 0 picks it and announces it with
    the engine's own broadcast), but nothing exists on disk until a rank fires;
 2. every rank's thread sees the folder and writes ``rank.<r>`` into it: what its rank is
    doing right now (blocked in which call, or computing, or finished) and the user's line
-   it is on (the innermost frame outside the minipar library; lesson drivers in
-   ``minipar/lessons`` count as user code);
+   it is on (the innermost frame of a real file outside the minipar library: not the
+   ``<string>`` of code Python writes itself; lesson drivers in ``minipar/lessons`` count as
+   user code);
 3. the owner waits up to ``GRACE`` seconds for all reports, prints them once, removes the
    folder, and aborts the whole job (``MPI_Abort``, or ``os._exit`` under torchrun, whose
    agent then stops the rest). A job that never fires leaves nothing on disk.
@@ -91,16 +96,58 @@ def new_report_dir() -> str:
     return os.path.join(parent, f"minipar-wd-{uuid.uuid4().hex[:12]}")
 
 
+def users(filename: str) -> bool:
+    """Code in ``filename`` is the user's: a real file (not the ``<string>`` of code Python writes
+    itself, as the ``__new__`` of a namedtuple), outside minipar's library (lesson drivers count as
+    the user's) and outside the engines' and Python's own code."""
+    path = os.path.abspath(filename)
+    if filename.startswith("<") or not os.path.isfile(path):
+        return False
+    return path.startswith(_USER_CODE_INSIDE + os.sep) or not (in_library(path) or path.startswith(_ENGINES))
+
+
 def user_line(frame) -> str | None:
-    """``file:line: code`` of the innermost frame that is the user's: not minipar's library code,
-    and not an engine's or Python's own (a rank blocked in torch.distributed waits in torch's
-    ``work.wait()``; the line to show is the user's call that led there)."""
+    """``file:line: code`` of the innermost frame that is the user's (:func:`users`): not minipar's
+    library code, not an engine's or Python's own (a rank blocked in torch.distributed waits in
+    torch's ``work.wait()``; the line to show is the user's call that led there), and not code
+    without a file (a loop building namedtuples is shown at its own line, not at ``<string>:1``)."""
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if path.startswith(_USER_CODE_INSIDE + os.sep) or not (in_library(path) or path.startswith(_ENGINES)):
+        if users(frame.f_code.co_filename):
+            path = os.path.abspath(frame.f_code.co_filename)
             return f"{shown(path)}:{frame.f_lineno}: {linecache.getline(path, frame.f_lineno).strip()}"
         frame = frame.f_back
     return None
+
+
+MB = 2 ** 20
+HEADROOM = 64 * MB  # what a rank whose memory is held may still map (to print and abort)
+
+
+def resident() -> int | None:
+    """This process's resident memory in bytes (Linux's /proc/self/statm), None where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def hold_memory():
+    """Cap this process's address space (RLIMIT_AS) at its size now, plus ``HEADROOM``: a loop still
+    allocating fails with MemoryError instead of growing on while the job is being ended (a cap
+    this tight from the start would break the engines, which map much they never touch)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        cap = size + HEADROOM
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass  # not Linux: the abort a second later ends it
 
 
 class Watchdog:
@@ -110,7 +157,7 @@ class Watchdog:
         self.report_dir = report_dir  # agreed path; created only when a rank fires
         self.abort = abort  # callable(exit_code) that ends every rank
         self.state = None  # (what, t_enter, thread id) while inside a blocking call
-        self.budget = None  # (what, seconds, t_end) while inside within()
+        self.budget = None  # (what, seconds, t_end, memory cap or None) while inside within()
         self.last = None  # the last call that completed (for "computing since ...")
         self.last_t = time.monotonic()
         self.finished = False
@@ -137,11 +184,17 @@ class Watchdog:
             self.last_t = time.monotonic()
 
     @contextmanager
-    def within(self, what: str, seconds: float):
+    def within(self, what: str, seconds: float, memory: float | None = None):
         """A time budget for the block: still inside it ``seconds`` later, the rank fires (if the
-        watchdog runs at all: a timeout of 0 turns budgets off too)."""
+        watchdog runs at all: a timeout of 0 turns budgets off too). ``memory``: megabytes this
+        rank's resident memory may grow by inside the block; past that it fires too (a loop that
+        never ends and allocates is stopped before it takes the machine's memory, not only once its
+        time is up). Checked every ``POLL`` seconds, so a rank may overshoot by what it allocates
+        in that time."""
         outer = self.budget
-        self.budget = (what, float(seconds), time.monotonic() + seconds)
+        base = resident() if memory is not None else None
+        cap = None if base is None else (base + memory * MB, base, float(memory))
+        self.budget = (what, float(seconds), time.monotonic() + seconds, cap)
         try:
             yield
         finally:
@@ -181,9 +234,16 @@ class Watchdog:
                     return
                 continue
             budget, now = self.budget, time.monotonic()
+            used = resident() if budget is not None and budget[3] is not None else None
+            hold = False  # over its memory limit: after the report, this rank's memory is held where it is
             if st is not None and not self._seen and now - st[1] > self.timeout:
                 why = (f"made no progress for {self.timeout:g} s (a deadlock, or a send/recv without its "
                        f"partner)", " Raise the limit with --watchdog SECONDS or MINIPAR_WATCHDOG.")
+            elif used is not None and not self._seen and used > budget[3][0]:
+                _, base, allowed = budget[3]
+                why = (f"used {used / MB:.0f} MB in {budget[0]}, {(used - base) / MB:.0f} MB more than when it "
+                       f"began (its limit: {allowed:g} MB more)", "")
+                hold = True
             elif budget is not None and not self._seen and now > budget[2]:
                 why = f"did not finish {budget[0]} in {budget[1]:g} s (its time budget)", ""
             else:
@@ -195,7 +255,7 @@ class Watchdog:
             except OSError as err:  # no folder to share: report this rank alone
                 sys.stderr.write(f"minipar watchdog: cannot create {self.report_dir}: {err}\n")
             self._write_report()
-            self._collect_and_abort(*why)
+            self._collect_and_abort(*why, hold=hold)
             return
 
     def _write_report(self):
@@ -220,7 +280,7 @@ class Watchdog:
         time.sleep(1.0)
         self.abort(3)
 
-    def _collect_and_abort(self, why, hint):
+    def _collect_and_abort(self, why, hint, hold=False):
         deadline = time.monotonic() + GRACE
         paths = [os.path.join(self.report_dir, f"rank.{r}") for r in range(self.size)]
         while time.monotonic() < deadline and not all(os.path.exists(p) for p in paths):
@@ -236,5 +296,7 @@ class Watchdog:
         shutil.rmtree(self.report_dir, ignore_errors=True)
         sys.stderr.write("\n".join(lines) + "\n")
         sys.stderr.flush()
+        if hold:
+            hold_memory()
         time.sleep(1.0)  # let the launcher forward the report before the abort tears the job down
         self.abort(3)

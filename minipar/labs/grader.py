@@ -12,12 +12,18 @@ A task stops at its first failing world size; a failing task is graded again on 
 its message never depends on the other tasks. The report per task:
 
 * a wrong value or a broken rule: the check's message
-* an exception:          the rank and the last lines of its traceback
+* an exception:          the rank that raised it, the learner's innermost line in its traceback
+  (file, line, source; also when it was raised deep inside ``comm``), and the exception
+* a crash (an engine's C++ abort, as gloo's on a message larger than its buffer; a segfault):
+  the same, from the stack the rank wrote as it died (``minipar.launcher.crash_reports``)
 * a hang:                the watchdog's report of what every rank was blocked on
 * stuck outside any communication (a loop that never ends, a sleep): "did not finish in N s",
   with the line each rank was running. Every task has a time budget (``Task.budget``, fitted to
   the reference: seconds per job on a loaded 2-core machine, with room to spare); the watchdog
-  ends the job when a rank is still inside the task past it
+  ends the job when a rank is still inside the task past it. The exercise's import has the
+  budget of the job's tasks too (a sleep or a loop at the top of the file)
+* a rank whose memory grew by more than ``MEMORY`` megabytes inside a task (a loop that never
+  ends and allocates): "ran out of its memory", with the rank and its line
 * the exercise ending the process (``sys.exit`` in a task or at import: the line that called it;
   ``os._exit``: the task it was running)
 * ``NotImplementedError``: "not implemented yet"
@@ -38,6 +44,7 @@ grader module defines ``TITLE`` and ``TASKS`` (a list of :class:`Task`).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -45,15 +52,24 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
-from ..comm.watchdog import user_line
+from ..comm.watchdog import user_line, users
 from ..errors import UsageError
 from ..launcher import LaunchError, ending_on_signals, launch
+from ..trace import Event, clock_offset, in_library, shown, write_chrome_trace
 from .checks import Answers, ranks
 from .workspace import graded_file
 
 WORLD_SIZES = (1, 2, 3, 4)
+# megabytes a rank's resident memory may grow by inside one task (or the exercise's import): the
+# reference grows by 20 at most, on either backend; a loop that never ends and allocates is stopped
+# here, at its line, before it takes the machine's memory (the watchdog reads the rank's resident
+# memory: an address-space limit, RLIMIT_AS, would also count what the engines map and never touch)
+MEMORY = 512
+IMPORT = "the import of the exercise"  # the watchdog's name for the budget of load_functions
+TRACE = "trace events"  # grade_on_ranks' key (never a task's) for the graded calls' events, with --trace
 ALONE, AGAIN = "grade alone", "grade again"  # run_tasks' verdicts that are not yet a message
 
 
@@ -84,6 +100,23 @@ def load_functions(path: str | None, solution: str | None):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # the file's ``if __name__ == "__main__"`` demo does not run
     return mod
+
+
+def exercise_module(path: str):
+    """The learner's exercise at ``path``, imported for a benchmark (``bench collectives --file``);
+    a one-line UsageError (what it raised, at which line of the file; no traceback) when it does
+    not import."""
+    try:
+        return load_functions(path, None)
+    except (Exception, SystemExit) as err:
+        line, tb = getattr(err, "lineno", None) if isinstance(err, SyntaxError) else None, err.__traceback__
+        while tb is not None:  # the deepest frame in the learner's file
+            if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        said = err.msg if isinstance(err, SyntaxError) else str(err)
+        raise UsageError(f"{path} does not import" + (f" (line {line})" if line else "")
+                         + f": {type(err).__name__}: {said}") from None
 
 
 def not_yours(fn, function):
@@ -121,17 +154,84 @@ class Doing:
         raise RuntimeError(f"the exercise called sys.exit({code}) during {what}") from None
 
 
-def grade_on_ranks(comm, checks, path=None, solution=None, batch=False, folder=None):
+class Kept:
+    """``minipar check --trace``: every graded call's events on this rank, kept by task.
+
+    ``checks.graded`` clears the tracer before each call of the learner's function; while a Kept
+    is open that clear first keeps what the call before recorded, with a ``collective`` event
+    around it ("task 1.5 on 4 ranks: ring_all_reduce, graded call 2") and each event's name
+    labelled with the task and the learner's line that made the call."""
+
+    def __init__(self, comm):
+        self.comm, self.tracer, self.events = comm, comm.tracer, {}
+        self.key = self.label = None
+        self.calls, self.t0 = 0, time.perf_counter()
+
+    def __enter__(self):
+        self.tracer.clear = self.keep  # this tracer's clear, until __exit__
+        return self
+
+    def __exit__(self, *exc):
+        self.keep()
+        del self.tracer.clear
+        return False
+
+    def task(self, key, function):
+        self.keep()
+        self.key, self.label, self.calls = key, f"task {key} on {ranks(self.comm.size)}: {function}", 0
+        self.events.setdefault(key, [])
+
+    def keep(self):
+        got, rank = list(self.tracer.events), self.tracer.rank
+        if got and self.key is not None:
+            self.calls += 1
+            self.events[self.key].append(Event(rank, "collective", f"{self.label}, graded call {self.calls}",
+                                               self.t0, max(e.t_end for e in got), 0, -1))
+            self.events[self.key] += [e._replace(name=f"{e.name}, task {self.key}{_line(e.origin)}", origin=())
+                                      for e in got]
+        type(self.tracer).clear(self.tracer)
+        self.t0 = time.perf_counter()  # the next graded call starts now
+
+    def merged(self):
+        """{task key: every rank's events on rank 0's clock} on rank 0, None elsewhere (collective)."""
+        shift = clock_offset(self.comm) if self.comm.size > 1 else 0.0
+        mine = {k: [e._replace(t_start=e.t_start + shift, t_end=e.t_end + shift) for e in evs]
+                for k, evs in self.events.items()}
+        everyone = self.comm.builtin.gather_object(mine, 0)
+        if self.comm.rank:
+            return None
+        return {k: sorted((e for d in everyone for e in d.get(k, ())), key=lambda e: (e.t_start, e.rank))
+                for k in mine}
+
+
+def _line(origin) -> str:
+    """", exercise.py:42" for the user's line that made a call (the last frame of its origin)."""
+    return f", {os.path.basename(origin[-1][0])}:{origin[-1][1]}" if origin else ""
+
+
+def grade_on_ranks(comm, checks, path=None, solution=None, batch=False, folder=None, keep=False):
     """Rank side: run each (task key, check, function name, budget, answers) in turn on the
     learner's functions; returns {task key: failure strings}, or for a task whose function raised
     NotImplementedError (batch jobs only; alone it ends the job like any exception): "not
     implemented: <its text>" when every rank raised it, "unclear" when only some did (then it is
     graded again alone). ``answers``: minipar's answers the learner's function may not run
-    (:class:`minipar.labs.checks.Answers`), watched only when grading a learner's file."""
+    (:class:`minipar.labs.checks.Answers`), watched only when grading a learner's file.
+    ``keep``: also {task key: its graded calls' events, every rank's} under ``TRACE`` on rank 0
+    (not ``trace``: that is :func:`minipar.launch`'s own, which would trace the grader too)."""
+    kept = Kept(comm) if keep else None
+    with kept or contextlib.nullcontext():
+        out = _grade_on_ranks(comm, checks, path, solution, batch, folder, kept)
+    if kept is not None:
+        out[TRACE] = kept.merged()
+    return out
+
+
+def _grade_on_ranks(comm, checks, path, solution, batch, folder, kept):
     doing = Doing(folder, comm.rank)
     doing("loading")
-    try:
-        functions = load_functions(path, solution)
+    try:  # an import that never ends (a sleep, a loop at the top of the file) is stopped like a task
+        with comm.watchdog.within(IMPORT, min(c[3] for c in checks), MEMORY):
+            functions = load_functions(path, solution)
     except SystemExit as stop:
         doing.exited("loading", stop)
     sync = comm.split(0, comm.rank, name="grader") if batch else None  # its own context: never meets a check's
@@ -147,8 +247,10 @@ def grade_on_ranks(comm, checks, path=None, solution=None, batch=False, folder=N
                 continue
         module, _, name = check.partition(":")
         doing(f"task {key}")
+        if kept is not None:
+            kept.task(key, function)
         try:
-            with comm.watchdog.within(f"task {key}", budget), Answers(answers, path) as ran:
+            with comm.watchdog.within(f"task {key}", budget, MEMORY), Answers(answers, path) as ran:
                 out[key] = getattr(importlib.import_module(module), name)(comm, fn)
             out[key] = out[key] or ran.refused(function)
             missing = None
@@ -193,16 +295,91 @@ def _watchdog_lines(out):
     return report[0], [ln.strip() for ln in report if ln.startswith("  rank ")]
 
 
+_REPORT = re.compile(r"^rank (\d+) (?:raised|crashed):$")  # a rank's exception, or the launcher's crash report
+_FRAME = re.compile(r'^  File "(.*)", line (\d+), in (.*)$')
+_NOISE = ("Abort(", "application called", "=====", "=   ", "YOUR APPLICATION TERMINATED", "This typically refers",
+          "Please see the FAQ")  # MPI_Abort's line and hydra's banner around a rank that ended badly
+
+
+def _engine_noise(line: str) -> bool:
+    return line.startswith(_NOISE)
+
+
+def learners(path: str) -> bool:
+    """A frame in ``path`` is the learner's: code of a real file outside the engines and outside
+    minipar, its lesson drivers too (the watchdog counts those as the user's; here the user is the
+    learner, whose exercise may call them, never the other way round)."""
+    return users(path) and not in_library(os.path.abspath(path))
+
+
+def reported(out: str):
+    """(rank, lines to show) for the first exception (or crash) a rank reported in ``out``: the
+    learner's innermost frame (file, line, its source), the frame that raised when it is deeper
+    (inside minipar or an engine; not for a crash, whose innermost Python frame is only where the
+    rank happened to be), and the exception; without a learner's frame, the report's last lines.
+    Always that one rank's report, never a line of another rank's."""
+    lines = [re.sub(r"^\[rank\d+\]: ", "", ln) for ln in out.splitlines()]  # torch's prefix
+    start = next(i for i, ln in enumerate(lines) if _REPORT.match(ln))
+    rank, block = _REPORT.match(lines[start]).group(1), []
+    crashed = lines[start].endswith("crashed:")
+    for ln in lines[start + 1:]:
+        if _REPORT.match(ln) or re.match(r"^rank \d+: ", ln) or _engine_noise(ln):
+            break
+        block.append(ln)
+    tracebacks = [i for i, ln in enumerate(block) if ln.startswith("Traceback (most recent call last)")]
+    block = block[tracebacks[-1] + 1:] if tracebacks else block  # a chained exception: the last one
+    frames, said = [], []
+    for ln in block:
+        m = _FRAME.match(ln)
+        if m and not said:
+            frames.append([*m.groups(), None])
+        elif ln.startswith("    ") and frames and not said:
+            frames[-1][3] = frames[-1][3] or ln.strip()  # its source line (carets after it)
+        elif ln.strip() or said:
+            said.append(ln)
+    while said and not said[-1].strip():
+        said.pop()
+    mine = [i for i, f in enumerate(frames) if learners(f[0])]
+    if not mine:
+        return rank, [ln for ln in block if ln.strip()][-6:]
+    shown_frames = [frames[mine[-1]]] + ([frames[-1]] if mine[-1] < len(frames) - 1 and not crashed else [])
+    out_lines = []
+    for k, (path, line, function, source) in enumerate(shown_frames):
+        if k and mine[-1] < len(frames) - 2:
+            out_lines.append("  ...")
+        out_lines.append(f'  File "{shown(os.path.abspath(path))}", line {line}, in {function}')
+        out_lines += [f"    {source}"] if source else []
+    return rank, out_lines + _plain(said, frames[mine[-1] + 1:])
+
+
+def _plain(said, inside):
+    """The exception's lines; a gloo abort on a message that does not fit its buffer said as MPI
+    says it (gloo's own words: "8 vs 0. Received data size doesn't match expected size")."""
+    text = " ".join(ln.strip() for ln in said)
+    sizes = re.search(r"(\d+) vs (\d+)\. Received data size doesn't match expected size", text)
+    if not sizes:
+        return said
+    op = next((f[2] for f in inside if os.sep + os.path.join("minipar", "comm") + os.sep in f[0]), "receive")
+    sent, room = map(int, sizes.groups())
+    return [f"{op}: the message is {'larger' if sent > room else 'smaller'} than buf ({sent} bytes arrived, buf "
+            f"holds {room}): gloo aborted the process"]
+
+
 def cause(err: LaunchError, doing: dict) -> str:
     """How a job died: "exit" (the exercise called sys.exit), "stuck" (the watchdog found a rank
     running Python, not communicating, past its task's budget or while the others waited for it),
+    "memory" (the watchdog found a rank's memory grown past ``MEMORY`` inside its task),
     "gone" (a rank vanished while the others waited), "hang", "not implemented", "raised",
-    "killed" (the hard time limit), or "vanished" (no rank said a word: os._exit, a signal)."""
+    "crashed" (a rank died of a fatal signal: an engine's C++ abort, a segfault; the launcher
+    reports the stack it was on), "killed" (the hard time limit), or "vanished" (no rank said a
+    word: os._exit, a signal)."""
     out = err.output
     if any(w.startswith("exited ") for w in doing.values()):
         return "exit"
     if "minipar watchdog" in out:
-        _, lines = _watchdog_lines(out)
+        headline, lines = _watchdog_lines(out)
+        if _MEMORY.search(headline):
+            return "memory"
         if any("not in a communication call" in ln for ln in lines):
             return "stuck"
         return "gone" if any("no report (process exited" in ln for ln in lines) else "hang"
@@ -210,23 +387,26 @@ def cause(err: LaunchError, doing: dict) -> str:
         return "not implemented"
     if re.search(r"^rank \d+ raised:$", out, re.M):
         return "raised"
+    if re.search(r"^rank \d+ crashed:$", out, re.M):
+        return "crashed"
     return "killed" if err.returncode == 124 else "vanished"
 
 
-FINAL = ("exit", "stuck", "gone", "vanished")  # verdicts a job that died gives at once: alone would say the same
+FINAL = ("exit", "stuck", "memory", "gone", "vanished")  # verdicts a job that died gives at once: alone would say the same
+_MEMORY = re.compile(r"rank (\d+) used (\d+) MB in (.+?), (\d+) MB more than when it began \(its limit: (\S+) MB more\)")
 
 
 def culprit(err: LaunchError, doing: dict, keys):
     """The task the job died in ("loading": the exercise's import), or None if unknown: the task
     whose budget ran out, the one a rank exited in, the one the rank that raised was running, or
     else the first one a rank was still running."""
-    budget = re.search(r"did not finish task (\S+) in ", err.output)
+    budget = re.search(r"(?:did not finish|MB in) task (\S+?)(?: in |,)", err.output)
     if budget:
         return budget.group(1)
     exits = [w.split(": ")[0].removeprefix("exited ") for w in doing.values() if w.startswith("exited ")]
     if exits:
         return exits[0].removeprefix("task ")
-    raised = re.search(r"^rank (\d+) raised:$", err.output, re.M)
+    raised = re.search(r"^rank (\d+) (?:raised|crashed):$", err.output, re.M)
     states = ([doing.get(int(raised.group(1)), "")] if raised else []) + list(doing.values())
     running = [w.removeprefix("task ") for w in states if w.removeprefix("task ") in keys]
     if running:
@@ -246,16 +426,25 @@ def explain(err: LaunchError, n: int, task: Task, doing: dict) -> str:
             return f"the exercise ended the process while it was imported (rank {r}): {said}; nothing can be graded"
         return (f"exited on {on} (rank {r}): {said}, inside {task.function}: a graded function returns its "
                 f"result, it never ends the process")
-    if how in ("stuck", "gone", "hang"):
+    if how in ("stuck", "memory", "gone", "hang"):
         headline, lines = _watchdog_lines(out)
         seen = "\n".join("        " + ln for ln in lines)
+        what = "the exercise's import" if loading else f"task {task.key}"
+        if how == "memory":
+            r, used, _, grew, limit = _MEMORY.search(headline).groups()
+            mine = next((ln for ln in lines if ln.startswith(f"rank {r}:")), f"rank {r}:")
+            at = mine.partition("; at ")[2]
+            others = "\n".join("        " + ln for ln in lines if ln != mine)
+            return (f"{what} ran out of its memory on {on}: rank {r} used {used} MB, {grew} MB more than when it "
+                    f"began (the limit: {limit} MB more; a loop that never ends, allocating as it goes?)"
+                    + (f", at {at}" if at else "") + (f"\n        the other ranks:\n{others}" if others else ""))
         if how == "stuck":
-            took = re.search(r"did not finish \S+ \S+ in ([\d.]+) s|made no progress for ([\d.]+) s", headline)
+            took = re.search(r"did not finish .+? in ([\d.]+) s|made no progress for ([\d.]+) s", headline)
             took = next((s for s in took.groups() if s), "?") if took else "?"
             stuck = next(ln for ln in lines if "not in a communication call" in ln)
             at = stuck.partition("; at ")[2]
             others = "\n".join("        " + ln for ln in lines if ln != stuck)
-            return (f"task {task.key} did not finish in {took} s on {on} (a loop that never ends, or a sleep?): "
+            return (f"{what} did not finish in {took} s on {on} (a loop that never ends, or a sleep?): "
                     f"{stuck.split(':')[0]} was running Python, not communicating" + (f", at {at}" if at else "")
                     + (f"\n        the other ranks:\n{others}" if others else ""))
         if how == "gone":
@@ -266,13 +455,13 @@ def explain(err: LaunchError, n: int, task: Task, doing: dict) -> str:
     if how == "not implemented":
         said = re.search(r"NotImplementedError: (.*)", out)
         return not_implemented(task, said.group(1).strip() if said else None)
-    if how in ("raised", "killed"):
-        tb = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith(("Abort(", "application called"))]
-        tail = "\n".join("        " + ln for ln in tb[-6:])
-        if how == "killed":
-            return f"did not finish on {on} within the job's hard time limit:\n" + tail
-        rank = re.search(r"rank (\d+)", out)
-        return f"raised an exception on {on}" + (f" (rank {rank.group(1)})" if rank else "") + ":\n" + tail
+    if how in ("raised", "crashed"):
+        rank, shown_lines = reported(out)
+        verb = "raised an exception" if how == "raised" else "crashed (the process was ended by a fatal signal)"
+        return f"{verb} on {on} (rank {rank}):\n" + "\n".join("        " + ln for ln in shown_lines)
+    if how == "killed":
+        tb = [ln for ln in out.splitlines() if ln.strip() and not _engine_noise(ln)]
+        return f"did not finish on {on} within the job's hard time limit:\n" + "\n".join("        " + ln for ln in tb[-6:])
     what = "while it was imported" if loading else f"without finishing task {task.key}"
     return (f"the exercise exited {what}, on {on} (os._exit, a signal or a crash: no exception was raised; exit "
             f"code {err.returncode})")
@@ -280,11 +469,14 @@ def explain(err: LaunchError, n: int, task: Task, doing: dict) -> str:
 
 # ---------------------------------------------------------------- the jobs
 
-def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False, backend="mpi", device=None):
+def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False, backend="mpi", device=None,
+              traces=None):
     """Grade ``tasks`` on n ranks in one job: ({task key: failure message, None (passed), ALONE
     (grade it again alone) or AGAIN (the job died before its verdict: grade it again with the
     others)}, whether the job ran to its end). ``answers``: the lab's solution module, whose
-    function for a task the learner's may not run (nor the task's ``reference``)."""
+    function for a task the learner's may not run (nor the task's ``reference``). ``traces``: a
+    dict that, when the job runs to its end, gets {task key: its graded calls' events}, replacing
+    what an earlier job put there."""
     with ending_on_signals():  # SIGTERM, SIGHUP: the ranks' files go before this process does
         folder = tempfile.mkdtemp(prefix="minipar-check-")
         try:
@@ -292,11 +484,14 @@ def run_tasks(tasks, n, path, solution, timeout, answers=None, verbose=False, ba
                          job_timeout=timeout + 60 + sum(t.budget for t in tasks),
                          checks=[(t.key, t.check, t.function, t.budget,
                                   ((f"{answers}:{t.function}",) if answers else ()) + t.reference) for t in tasks],
-                         path=path, solution=solution, batch=len(tasks) > 1, folder=folder)
+                         path=path, solution=solution, batch=len(tasks) > 1, folder=folder,
+                         keep=traces is not None)
         except LaunchError as err:
             return died(err, tasks, n, read_doing(folder, n)), False
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+    if traces is not None:
+        traces.update(res.results[0][TRACE])
     verdict = {}
     for t in tasks:
         per_rank = [rank[t.key] for rank in res.results]
@@ -326,27 +521,30 @@ def died(err, tasks, n, doing):
     return {t.key: AGAIN if t.key != key else explain(err, n, t, doing) if final else ALONE for t in tasks}
 
 
-def grade(tasks, path, solution, timeout, progress=None, answers=None, verbose=False, backend="mpi", device=None):
+def grade(tasks, path, solution, timeout, progress=None, answers=None, verbose=False, backend="mpi", device=None,
+          traces=None):
     """{task key: (passed, message)}. One job per world size grades every task still passing.
     A task that fails there after another task ran in the same job (which might have left it
     a message), or that raised or hung, is graded again alone on that size: the message is
     always the task's own. A task that was stuck past its budget or ended the process keeps the
     verdict of the job it ended (alone, it would only take as long to say the same); the other
-    tasks of that job run again together."""
+    tasks of that job run again together. ``traces``: filled as :func:`run_tasks` says, so each
+    task ends with the events of its last job that ran to its end."""
     verdict, alive = {}, list(tasks)
     for n in sorted({n for t in tasks for n in t.sizes}):
         batch = [t for t in alive if n in t.sizes]
         while batch:
             if progress:
                 progress(f"  ... {len(batch)} task{'s' if len(batch) > 1 else ''} on {ranks(n)}")
-            result, whole = run_tasks(batch, n, path, solution, timeout, answers, verbose, backend, device)
+            result, whole = run_tasks(batch, n, path, solution, timeout, answers, verbose, backend, device, traces)
             for i, t in enumerate(batch):
                 message = result[t.key]
                 if message == AGAIN:
                     continue
                 if message == ALONE or (whole and message is not None and i > 0
                                         and not message.startswith("not implemented")):
-                    message = run_tasks([t], n, path, solution, timeout, answers, verbose, backend, device)[0][t.key]
+                    message = run_tasks([t], n, path, solution, timeout, answers, verbose, backend, device,
+                                        traces)[0][t.key]
                 if message is not None:
                     verdict[t.key] = (False, message)
                     alive.remove(t)
@@ -354,6 +552,21 @@ def grade(tasks, path, solution, timeout, progress=None, answers=None, verbose=F
     for t in alive:
         verdict[t.key] = (True, f"PASS on {', '.join(map(str, t.sizes))} rank{'s' if t.sizes != (1,) else ''}")
     return verdict
+
+
+def write_trace(path, traces, tasks):
+    """``--trace``: every task's graded calls as one Chrome trace (open in https://ui.perfetto.dev),
+    one process per rank; the tasks without a message in it are named."""
+    events = sorted((e for evs in traces.values() for e in evs), key=lambda e: (e.t_start, e.rank))
+    write_chrome_trace(path, events)
+    messages = sum(1 for e in events if e.peer >= 0)
+    sent = [t.key for t in tasks if traces.get(t.key)]
+    none = [t.key for t in tasks if not traces.get(t.key)]
+    print(f"trace: {path}: {messages} messages of the graded calls of "
+          + (f"task{'s' if len(sent) > 1 else ''} {', '.join(sent)}" if sent else "no task")
+          + ", each from its last graded run that finished (open it in https://ui.perfetto.dev)"
+          + (f"; no message of {', '.join(none)} (its graded calls send none, or none of its runs finished)"
+             if none else ""), flush=True)
 
 
 def main(args) -> int:
@@ -382,12 +595,16 @@ def _main(args) -> int:
     backend = getattr(args, "backend", "mpi")
     on = "NumPy arrays over MPI" if backend == "mpi" else f"torch tensors over torch.distributed ({args.device or 'cpu'})"
     print(f"lab {lesson.key}: {lab.TITLE}\ngrading {what}\non {on}\n", flush=True)
+    traces = {} if getattr(args, "trace", None) else None
     verdict = grade(tasks, path, solution, args.timeout, progress=lambda s: print(s, flush=True),
-                    answers=lesson.solution, verbose=args.verbose, backend=backend, device=getattr(args, "device", None))
+                    answers=lesson.solution, verbose=args.verbose, backend=backend, device=getattr(args, "device", None),
+                    traces=traces)
     print()
     for t in tasks:
         ok, msg = verdict[t.key]
         print(f"  {t.key} {t.title:<28} {'PASS' if ok else 'FAIL'}  {msg if not ok else msg[5:]}", flush=True)
     passed = sum(ok for ok, _ in verdict.values())
     print(f"\n{passed}/{len(tasks)} tasks pass")
+    if traces is not None:
+        write_trace(args.trace, traces, tasks)
     return 0 if passed == len(tasks) else 1
