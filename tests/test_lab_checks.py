@@ -5,6 +5,7 @@ import pathlib
 import sys
 
 import numpy as np
+import pytest
 
 from minipar.labs import checks
 from minipar.trace import shown
@@ -87,6 +88,29 @@ def test_watched_sees_the_whole_matrix_used_but_not_a_slice():
     w2 = checks.watched(np.ones((4, 6)))
     np.dot(x, w2)
     assert max(w2.log) == 24
+
+
+def test_watched_tensor_sees_what_watched_sees():
+    """The torch twin: views and copies stay watched, what a computation returns is plain, and the
+    whole matrix used (then sliced) is refused with the NumPy version's message."""
+    torch = pytest.importorskip("torch")
+    x = torch.ones((2, 4), dtype=torch.float64)
+    w = checks.watched(torch.ones((4, 6), dtype=torch.float64))
+    own = {"w": (w, 12, "columns 0:3")}
+    comm = FakeComm()
+    y = x @ w[:, :3] + 1.0  # slice first: 12 elements of w
+    assert type(y) is torch.Tensor and checks.used_only_own(comm, own, "f") == []
+    v = w.T.reshape(6, 4)[:3].clone().contiguous()  # views and copies compute nothing
+    assert v.log is w.log and w.log == [12]
+    assert [c.log is w.log for c in w.split(3, dim=1)] == [True, True] and w.shape == (4, 6)
+    (x @ w)[:, :3]  # the whole product, sliced afterwards
+    assert "computed with 24 elements of w at once" in checks.used_only_own(comm, own, "f")[0]
+    w2 = checks.watched(torch.ones((4, 6), dtype=torch.float64))
+    torch.einsum("ij,jk->ik", x, w2).sum()
+    w2.sum(axis=0)
+    assert w2.log == [24, 24]
+    p = checks.poisoned(torch.arange(12.0).reshape(3, 4), (slice(None), slice(1, 3)))
+    assert torch.isnan(p[:, [0, 3]]).all() and not torch.isnan(p[:, 1:3]).any()
 
 
 def test_memory_counts_what_the_call_holds_not_what_the_grader_does_inside_it():

@@ -151,7 +151,9 @@ def test_validated_once_until_changed(monkeypatch):
     fresh = one_f_one_b(3, 4)
     fresh.actions[1].remove(Action(1, "F", 2))
     assert changed == rejected(fresh) and "1F2 is missing" in changed
-    assert s.ranks == s.stages == 3                          # lab 03's files read the old name
+    assert s.ranks == s.stages == s.total_stages == 3        # one stage per rank
+    two = interleaved_1f1b(2, 4, 2)
+    assert (two.ranks, two.stages, two.total_stages) == (2, 4, 4)    # stages count the stages, not the ranks
 
 
 def test_schedule_from_strings_and_grid():

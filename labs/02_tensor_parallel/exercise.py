@@ -3,13 +3,19 @@
 Fill in each function below, then run it on real ranks and grade it:
 
     mpiexec -n 4 python -m mpi4py minipar-labs/02_tensor_parallel/exercise.py   # see what your code does
+    torchrun --standalone --nproc-per-node 4 minipar-labs/02_tensor_parallel/exercise.py   # the same, torch
     minipar check 02                                                    # grade every task
     minipar check 02 --task 2.3                                         # grade one task
+    minipar check 02 --backend torch                                    # grade it on torch tensors
 
 Every rank holds the FULL weights (drawn from the same seed) and takes its own shard:
 rank r owns chunk r, with chunks from chunk_bounds(n, p). Weights are (d_in, d_out) and a
 linear layer is y = x @ w + b. Communicate with minipar.collectives (all_reduce, all_gather);
 comm.builtin is off limits.
+
+One code, two backends: the arrays are NumPy arrays under MPI and torch tensors under
+torch.distributed. Slicing, @, + and .reshape read the same on both; for the rest use the array
+API of your input, xp = namespace(x) (xp.permute_dims, xp.sum, ...).
 
 The grader hands each rank the parts of the weights (and inputs) that other ranks own as NaN,
 and watches what your code multiplies: slice your shard first, then compute with it only. It
@@ -22,6 +28,7 @@ import minipar
 from minipar.collectives import all_reduce  # all_reduce(comm, x): the sum of every rank's x
 from minipar.nn.functional import attention_forward, gelu_forward  # (q, k, v) -> (out, ctx); x -> (y, ctx)
 from minipar.xp import chunk_bounds  # chunk_bounds(n, p)[r] = (start, stop) of rank r's chunk
+from minipar.xp import namespace  # namespace(x): the array API of x (NumPy's, or torch's)
 
 
 def column_forward(comm, x, w, b):
@@ -91,7 +98,8 @@ def heads_attention(comm, x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
     uses columns h*hs:(h+1)*hs of each of Wq, Wk, Wv (hs = C // n_heads). w_proj (C, C),
     b_proj (C,). Steps on rank r:
       1. q, k, v of my heads: my chunk of the columns of EACH of Wq, Wk, Wv (not of w_qkv as a whole)
-      2. reshape each (B, T, C/p) -> (B, nh/p, T, hs) and run attention_forward(q, k, v)[0]
+      2. reshape each (B, T, C/p) -> (B, T, nh/p, hs), swap axes 1 and 2 -> (B, nh/p, T, hs)
+         (xp.permute_dims(a, (0, 2, 1, 3))) and run attention_forward(q, k, v)[0]
       3. back to (B, T, C/p): my heads' outputs are my rows of w_proj -> a row split + all-reduce
     Return (B, T, C) on every rank. The dense version: minipar.nn.CausalSelfAttention.forward.
     """
@@ -100,15 +108,15 @@ def heads_attention(comm, x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
 
 
 if __name__ == "__main__":
-    comm = minipar.init("mpi")
+    comm = minipar.init("auto")  # NumPy over MPI under mpiexec, torch tensors under torchrun
     rng = np.random.default_rng(0)  # the same draw on every rank
-    x, w, b = rng.standard_normal((3, 8)), rng.standard_normal((8, 8)), rng.standard_normal(8)
+    x, w, b = (comm.asarray(rng.standard_normal(shape)) for shape in ((3, 8), (8, 8), (8,)))
     for name, call, want in [("column_forward", lambda: column_forward(comm, x, w, b), None),
                              ("row_forward", lambda: row_forward(comm, x, w, b), x @ w + b)]:
         try:
             got = call()
-            err = "" if want is None else f"  (max error vs x @ w + b: {np.abs(got - want).max():.1e})"
-            print(f"rank {comm.rank}: {name} -> shape {got.shape}{err}", flush=True)
+            err = "" if want is None else f"  (max error vs x @ w + b: {float(abs(got - want).max()):.1e})"
+            print(f"rank {comm.rank}: {name} -> shape {tuple(got.shape)}{err}", flush=True)
         except NotImplementedError as e:
             print(f"rank {comm.rank}: {name} not implemented yet ({e})", flush=True)
     if comm.rank == 0:

@@ -3,8 +3,10 @@
 Fill in each function below, then run it on real ranks and grade it:
 
     mpiexec -n 4 python -m mpi4py minipar-labs/03_pipeline/exercise.py     # your schedules, their bubble, one real step
+    torchrun --standalone --nproc-per-node 4 minipar-labs/03_pipeline/exercise.py   # the same, torch
     minipar check 03                                               # grade every task
     minipar check 03 --task 3.2                                    # grade one task
+    minipar check 03 --backend torch                               # grade it on torch tensors
 
 A schedule is data: one list of actions per rank. ``Action(stage, kind, microbatch)`` prints as
 ``1F3`` (stage 1, forward, micro-batch 3); kinds are "F" (forward) and "B" (backward). With one
@@ -97,4 +99,4 @@ def peer_and_tag(action, schedule):
 
 if __name__ == "__main__":
     from minipar.labs.lab03 import demo
-    demo(minipar.init("mpi"), gpipe, one_f_one_b, bubble_fraction, peer_and_tag)
+    demo(minipar.init("auto"), gpipe, one_f_one_b, bubble_fraction, peer_and_tag)  # torch under torchrun

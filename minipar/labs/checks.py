@@ -15,8 +15,10 @@ turns what it saw into failure messages that name the broken rule, the rank and 
   shows in the result; :func:`watched` arrays record every computation that touches more of
   the array than the rank owns (a local product cannot show poison: the full product sliced
   afterwards is right).
-* **memory**      ``graded(..., memory=Memory())`` counts the bytes allocated and still held at
-  the peak of the call (``tracemalloc``); :func:`held_at_most` compares them with the formula.
+* **memory**      ``graded(..., memory=Memory())`` counts the bytes of the arrays allocated and
+  still held at the peak of the call (NumPy's buffers through ``tracemalloc``, torch's storages
+  through a dispatch mode: ``minipar.labs.memory``); :func:`held_at_most` compares them with the
+  formula and names the arrays alive at the peak, with the lines that made them.
 * **the learner's own messages**  :func:`sent_by_learner`: the trace records who made each send
   and receive (``Event.origin``); every one must come from the learner's code, directly or
   through what the task lets them call (``minipar.collectives``), never from minipar's own
@@ -37,7 +39,6 @@ import importlib
 import importlib.util
 import os
 import sys
-import tracemalloc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ import numpy as np
 from ..comm.watchdog import user_line
 from ..trace import SEND_KINDS, in_library, shown
 from ..xp import chunk_bounds, is_torch, namespace, to_numpy
+from .memory import Memory, alive_at_peak
 
 
 # --------------------------------------------------------------------------- values
@@ -95,47 +97,8 @@ class Graded:
     out: object
     events: list  # this rank's trace events during the call
     builtin: list = field(default_factory=list)  # names of comm.builtin methods called
-    peak: int | None = None  # bytes allocated and held at the peak (with a Memory)
-
-
-class Memory:
-    """Bytes allocated during a call and still held, at their peak (tracemalloc counts NumPy's
-    buffers too). Hand one to :func:`graded`; ``paused()`` leaves the grader's own work inside
-    the call (a callback the learner calls) out of the peak."""
-
-    def __init__(self):
-        self.peak, self.active = 0, False
-
-    def __enter__(self):
-        namespace(np.empty(1))  # array_api_compat imports lazily: a module import is not held memory
-        self.own = not tracemalloc.is_tracing()
-        if self.own:
-            tracemalloc.start()
-        tracemalloc.reset_peak()
-        self.base, _ = tracemalloc.get_traced_memory()
-        self.peak, self.active = 0, True
-        return self
-
-    def _note(self):
-        _, peak = tracemalloc.get_traced_memory()
-        self.peak = max(self.peak, peak - self.base)
-
-    @contextmanager
-    def paused(self):
-        if not self.active:
-            yield
-            return
-        self._note()
-        try:
-            yield
-        finally:
-            tracemalloc.reset_peak()  # the peak restarts from what is held now
-
-    def __exit__(self, *exc):
-        self._note()
-        self.active = False
-        if self.own:
-            tracemalloc.stop()
+    peak: int | None = None  # bytes of arrays allocated and held at the peak (with a Memory)
+    at_peak: list = field(default_factory=list)  # the arrays alive then (minipar.labs.memory.Held)
 
 
 @contextmanager
@@ -179,13 +142,15 @@ def graded(comm, call, memory: Memory | None = None) -> Graded:
     try:
         with _record_builtin(comm, log):
             if memory is not None:
+                memory.torch = comm.backend == "torch"  # torch's storages, or NumPy's buffers
                 with memory:
                     out = call()
             else:
                 out = call()
     finally:
         comm.tracer.enabled = comm.tracer.origins = False
-    return Graded(out, list(comm.tracer.events), log, memory.peak if memory is not None else None)
+    return Graded(out, list(comm.tracer.events), log, memory.peak if memory is not None else None,
+                  memory.at_peak if memory is not None else [])
 
 
 def traced(comm, call):
@@ -304,10 +269,13 @@ def sent_by_learner(comm, g: Graded, fn, function, instead, through=()):
 
 
 def held_at_most(comm, g: Graded, limit, function, rule):
-    """The bytes held at the call's peak, at most ``limit`` (the formula, said in ``rule``)."""
+    """The bytes of arrays held at the call's peak, at most ``limit`` (the formula, said in
+    ``rule``); over it, the message lists the arrays alive at the peak and where each was made."""
     if g.peak is None or g.peak <= limit:
         return []
-    return [f"rank {comm.rank} held {g.peak} bytes at once inside {function}; {rule}: at most {limit}"]
+    alive = alive_at_peak(g.at_peak)
+    return [f"rank {comm.rank} held {g.peak} bytes at once inside {function}; {rule}: at most {limit}"
+            + (f". {alive[0].upper()}{alive[1:]}" if alive else "")]
 
 
 # --------------------------------------------------------------------------- own data
@@ -423,8 +391,8 @@ def _watched_tensor_class():
 
 
 def watched_tensor(t):
-    """A watched copy of torch tensor ``t``, on its device: like :class:`Watched`, its ``.log``
-    holds the most elements of it each computation used, once the learner is done."""
+    """A watched copy of torch tensor ``t``, on its device: as with :class:`Watched`, its ``.log``
+    lists how many of its elements each computation read (:func:`used_only_own` takes the most)."""
     w = t.detach().clone().as_subclass(_watched_tensor_class())
     w.log = []
     return w

@@ -17,7 +17,10 @@ expected value is always a slice of the dense single-process result. The rules
 * typical mistakes get their own message: the bias added on every rank before the all-reduce,
   a missing all-reduce of the input gradient.
 
-Dimensions are multiples of 12, so that 1, 2, 3 and 4 ranks all split them evenly.
+Dimensions are multiples of 12, so that 1, 2, 3 and 4 ranks all split them evenly. The inputs
+are drawn in NumPy (float64) and handed to the learner in the backend's kind (``comm.asarray``:
+NumPy arrays, or torch tensors of the same dtype, watched as such); the expected values stay
+NumPy's dense float64 results.
 """
 from __future__ import annotations
 
@@ -110,13 +113,15 @@ HINTS = {
         minipar.nn.functional; the dense layer is minipar.nn.CausalSelfAttention.forward.""",
         """For j = 0, 1, 2 (q, k, v): x @ w_qkv[:, j*C + lo : j*C + hi] + b_qkv[j*C + lo : j*C + hi],
         shape (B, T, C/p); reshape to (B, T, nh_r, hs) with hs = C // n_heads, nh_r = (hi - lo) // hs,
-        and transpose to (B, nh_r, T, hs). y = attention_forward(q, k, v)[0], transposed back and
-        reshaped to (B, T, C/p); then all_reduce(comm, y @ w_proj[lo:hi]) + b_proj.""",
+        and permute to (B, nh_r, T, hs) with xp.permute_dims (xp = namespace(x): NumPy's or torch's).
+        y = attention_forward(q, k, v)[0], permuted back and reshaped to (B, T, C/p); then
+        all_reduce(comm, y @ w_proj[lo:hi]) + b_proj.""",
         """
         B, T, C = x.shape; lo, hi = chunk_bounds(C, p)[r]; hs = C // n_heads; nh = (hi - lo) // hs
-        q, k, v = [(x @ w_qkv[:, j*C+lo:j*C+hi] + b_qkv[j*C+lo:j*C+hi]).reshape(B, T, nh, hs).transpose(0, 2, 1, 3)
-                   for j in range(3)]
-        y = attention_forward(q, k, v)[0].transpose(0, 2, 1, 3).reshape(B, T, hi - lo)
+        xp = namespace(x)
+        q, k, v = [xp.permute_dims((x @ w_qkv[:, j*C+lo:j*C+hi] + b_qkv[j*C+lo:j*C+hi]).reshape(B, T, nh, hs),
+                                   (0, 2, 1, 3)) for j in range(3)]
+        y = xp.permute_dims(attention_forward(q, k, v)[0], (0, 2, 1, 3)).reshape(B, T, hi - lo)
         return all_reduce(comm, y @ w_proj[lo:hi]) + b_proj
         """,
     ),
@@ -139,9 +144,9 @@ def rows(comm, a):
     return a[lo:hi]
 
 
-def shard(a, keep, what):
-    """(a watched copy of a, NaN outside a[keep]; its entry for used_only_own)."""
-    w = watched(poisoned(a, keep))
+def shard(comm, a, keep, what):
+    """(a watched copy of a in the backend's kind, NaN outside a[keep]; its entry for used_only_own)."""
+    w = watched(comm.asarray(poisoned(a, keep)))
     return w, (w, int(np.ones(a.shape)[keep].size), what)
 
 
@@ -174,9 +179,9 @@ def _bias_once(comm, got, want, b, what):
 def check_column_forward(comm, fn):
     x, w, b = draw(5, 12), draw(12, 24), draw(24)
     lo, hi = mine(comm, 24)
-    W, w_own = shard(w, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
-    B, b_own = shard(b, slice(lo, hi), f"elements {lo}:{hi}")
-    g = graded(comm, lambda: fn(comm, x, W, B))
+    W, w_own = shard(comm, w, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
+    B, b_own = shard(comm, b, slice(lo, hi), f"elements {lo}:{hi}")
+    g = graded(comm, lambda: fn(comm, comm.asarray(x), W, B))
     return (no_builtin(comm, g, "column_forward", "no communication at all")
             or compare(comm, g.out, cols(comm, x @ w + b), f"Y_{comm.rank} = x @ A_{comm.rank} + b_{comm.rank} "
                        f"(its columns of Y)", f"x (5, 12), w (12, 24) on {ranks(comm.size)}",
@@ -188,9 +193,9 @@ def check_column_forward(comm, fn):
 def check_row_forward(comm, fn):
     x, w, b = draw(5, 24), draw(24, 12), draw(12)
     lo, hi = mine(comm, 24)
-    X, x_own = shard(x, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
-    W, w_own = shard(w, slice(lo, hi), f"rows {lo}:{hi}")
-    g = graded(comm, lambda: fn(comm, X, W, b))
+    X, x_own = shard(comm, x, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
+    W, w_own = shard(comm, w, slice(lo, hi), f"rows {lo}:{hi}")
+    g = graded(comm, lambda: fn(comm, X, W, comm.asarray(b)))
     want = x @ w + b
     return (no_builtin(comm, g, "row_forward", INSTEAD)
             or _bias_once(comm, g.out, want, b, "Y")
@@ -204,9 +209,9 @@ def check_row_forward(comm, fn):
 def check_column_backward(comm, fn):
     x, w, dy = draw(5, 12), draw(12, 24), draw(5, 24)
     lo, hi = mine(comm, 24)
-    W, w_own = shard(w, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
+    W, w_own = shard(comm, w, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
     dy_r = np.ascontiguousarray(cols(comm, dy))
-    g = graded(comm, lambda: fn(comm, dy_r, x, W))
+    g = graded(comm, lambda: fn(comm, comm.asarray(dy_r), comm.asarray(x), W))
     if not isinstance(g.out, tuple) or len(g.out) != 3:
         return [f"rank {comm.rank}: column_backward must return a tuple (dx, dw_r, db_r), got {type(g.out).__name__}"]
     dx, dw, db = g.out
@@ -226,9 +231,9 @@ def check_column_backward(comm, fn):
 def check_row_backward(comm, fn):
     x, w, dy = draw(5, 24), draw(24, 12), draw(5, 12)
     lo, hi = mine(comm, 24)
-    X, x_own = shard(x, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
-    W, w_own = shard(w, slice(lo, hi), f"rows {lo}:{hi}")
-    g = graded(comm, lambda: fn(comm, dy, X, W))
+    X, x_own = shard(comm, x, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
+    W, w_own = shard(comm, w, slice(lo, hi), f"rows {lo}:{hi}")
+    g = graded(comm, lambda: fn(comm, comm.asarray(dy), X, W))
     if not isinstance(g.out, tuple) or len(g.out) != 3:
         return [f"rank {comm.rank}: row_backward must return a tuple (dx_r, dw_r, db), got {type(g.out).__name__}"]
     dx, dw, db = g.out
@@ -245,10 +250,10 @@ def check_row_backward(comm, fn):
 def check_megatron_mlp(comm, fn):
     x, w1, b1, w2, b2 = draw(5, 12), draw(12, 48), draw(48), draw(48, 12), draw(12)
     lo, hi = mine(comm, 48)
-    W1, w1_own = shard(w1, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
-    B1, b1_own = shard(b1, slice(lo, hi), f"elements {lo}:{hi}")
-    W2, w2_own = shard(w2, slice(lo, hi), f"rows {lo}:{hi}")
-    g = graded(comm, lambda: fn(comm, x, W1, B1, W2, b2))
+    W1, w1_own = shard(comm, w1, (slice(None), slice(lo, hi)), f"columns {lo}:{hi}")
+    B1, b1_own = shard(comm, b1, slice(lo, hi), f"elements {lo}:{hi}")
+    W2, w2_own = shard(comm, w2, slice(lo, hi), f"rows {lo}:{hi}")
+    g = graded(comm, lambda: fn(comm, comm.asarray(x), W1, B1, W2, comm.asarray(b2)))
     want = gelu_forward(x @ w1 + b1)[0] @ w2 + b2
     return (no_builtin(comm, g, "megatron_mlp", INSTEAD)
             or _bias_once(comm, g.out, want, b2, "Y")
@@ -271,11 +276,11 @@ def check_heads_attention(comm, fn):
     h_lo, h_hi = mine(comm, nh)
     lo, hi = h_lo * hs, h_hi * hs  # my heads' columns of each of Wq, Wk, Wv; my rows of w_proj
     qkv = np.concatenate([np.arange(lo, hi) + k * C for k in range(3)])
-    Wqkv, wqkv_own = shard(ref.qkv.params["w"], (slice(None), qkv), f"columns {lo}:{hi} of each of Wq, Wk, Wv")
-    Bqkv, bqkv_own = shard(ref.qkv.params["b"], qkv, f"elements {lo}:{hi} of each of bq, bk, bv")
-    Wproj, wproj_own = shard(ref.proj.params["w"], slice(lo, hi), f"rows {lo}:{hi}")
+    Wqkv, wqkv_own = shard(comm, ref.qkv.params["w"], (slice(None), qkv), f"columns {lo}:{hi} of each of Wq, Wk, Wv")
+    Bqkv, bqkv_own = shard(comm, ref.qkv.params["b"], qkv, f"elements {lo}:{hi} of each of bq, bk, bv")
+    Wproj, wproj_own = shard(comm, ref.proj.params["w"], slice(lo, hi), f"rows {lo}:{hi}")
     bproj = ref.proj.params["b"]
-    g = graded(comm, lambda: fn(comm, x, Wqkv, Bqkv, Wproj, bproj, nh))
+    g = graded(comm, lambda: fn(comm, comm.asarray(x), Wqkv, Bqkv, Wproj, comm.asarray(bproj), nh))
     return (no_builtin(comm, g, "heads_attention", INSTEAD)
             or _bias_once(comm, g.out, want, bproj, "the output")
             or compare(comm, g.out, want, "the attention output", f"x (2, 5, 24), {nh} heads on {ranks(comm.size)}",

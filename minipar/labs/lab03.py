@@ -11,9 +11,11 @@ is named as such (the cases include costs and schedules where the two differ).
 
 Task 3.4 (which rank an action receives from / sends to, with which tag) is checked against
 minipar's executor convention (``minipar.pipeline.execute.peer_and_tag``) on every action of
-several schedules, then *used*: minipar's executor (``run_schedule(..., pairing=fn)``) runs one
-training step per schedule on real ranks (1, 2, 3, 4) with the learner's pairing deciding every
-message, and the loss and every gradient are compared with the dense single-process model
+several schedules (first GPipe and 1F1B, the ones the learner wrote, for p = 1 .. 4; then ZB-H1's
+split backward and interleaved 1F1B's v = 2 chunks), then *used*: minipar's executor
+(``run_schedule(..., pairing=fn)``) runs one training step per schedule on real ranks (1, 2, 3,
+4) with the learner's pairing deciding every message, on the backend's arrays (NumPy, or torch
+tensors), and the loss and every gradient are compared with the dense single-process model
 (float64, only the summation order of the batch differs: relative error <= 1e-12).
 Everywhere, a graded function imported from minipar instead of written is refused (the grader).
 """
@@ -29,7 +31,7 @@ from ..pipeline import (Action, Schedule, ScheduleError, format_grid, gpipe, int
                         one_f_one_b, simulate, validate, zero_bubble_h1)
 from ..pipeline.execute import build_stages, peer_and_tag, reference_step, run_schedule
 from .checks import attempt, graded, no_builtin, stop
-from .grader import Task
+from .grader import WORLD_SIZES, Task
 
 TITLE = "pipeline schedules, bubbles and messages"
 HERE = "minipar.labs.lab03"
@@ -236,10 +238,28 @@ def check_bubble_fraction(comm, fn):
 
 # ---------------------------------------------------------------- 3.4: the send/recv pairing
 
+def written_schedules(p):
+    """The schedules on p ranks that the lab's tasks have the learner write: GPipe, and 1F1B with
+    m < p and m > p."""
+    return [gpipe(p, 3), one_f_one_b(p, 2), one_f_one_b(p, 5)]
+
+
+def further_schedules(p):
+    """What task 3.4 adds on p ranks: a split backward (ZB-H1) and v = 2 chunks per rank
+    (interleaved 1F1B, where stage s lives on rank s % p)."""
+    return [zero_bubble_h1(p, 3), interleaved_1f1b(p, p, 2)]
+
+
 def pairing_schedules(p):
-    """The schedules task 3.4 runs on p ranks (also m < p, v = 2 chunks, and a split backward)."""
-    return [gpipe(p, 3), one_f_one_b(p, 2), one_f_one_b(p, 5), zero_bubble_h1(p, 3),
-            interleaved_1f1b(p, p, 2)]
+    """The schedules task 3.4 runs on p ranks: the learner's own kinds first."""
+    return written_schedules(p) + further_schedules(p)
+
+
+def pairing_table(most):
+    """The schedules whose every action 3.4 checks, in this order: the kinds the learner wrote for
+    p = 1 .. most, then the further ones for p = 1 .. most (the first failing case names a
+    schedule of the lab's own tasks where one shows the mistake)."""
+    return [s for kinds in (written_schedules, further_schedules) for p in range(1, most + 1) for s in kinds(p)]
 
 
 def _side(value):
@@ -306,10 +326,11 @@ def step_with_pairing(comm, sched, pairing, m_batch=3, width=8, layers=8):
     {stage: module}, the dense reference stages, the dense loss)."""
     S, m = sched.total_stages, sched.microbatches
     x, t = _data(comm, m, m_batch, width, seed=3)
+    like = comm.asarray(np.zeros(1))  # the backend's kind: NumPy arrays, or torch tensors
     stages = build_stages(S, layers, width, np.random.default_rng([3, 0]))
-    mine = {s: stages[s] for s in range(S) if sched.stage_to_rank[s] == comm.rank}
-    xs = [x[k * m_batch:(k + 1) * m_batch] for k in range(m)]
-    ts = [t[k * m_batch:(k + 1) * m_batch] for k in range(m)]
+    mine = {s: stages[s].to(like) for s in range(S) if sched.stage_to_rank[s] == comm.rank}
+    xs = [comm.asarray(x[k * m_batch:(k + 1) * m_batch]) for k in range(m)]
+    ts = [comm.asarray(t[k * m_batch:(k + 1) * m_batch]) for k in range(m)]
     run = graded(comm, lambda: run_schedule(comm, sched, mine, xs, ts, pairing=pairing))
     loss = comm.builtin.bcast_object(run.out["loss"], root=sched.stage_to_rank[S - 1])
     ref = build_stages(S, layers, width, np.random.default_rng([3, 0]))
@@ -317,10 +338,9 @@ def step_with_pairing(comm, sched, pairing, m_batch=3, width=8, layers=8):
 
 
 def check_peer_and_tag(comm, fn):
-    # 1. every action of the schedules for p = 1 .. comm.size against minipar's convention;
-    #    every rank computes the same verdict, rank 0 reports it
-    table = [s for p in range(1, comm.size + 1) for s in pairing_schedules(p)]
-    fails = check_pairing_table(fn, table)
+    # 1. every action of the schedules for p = 1 .. 4 (whatever the number of ranks: it is pure)
+    #    against minipar's convention; every rank computes the same verdict, rank 0 reports it
+    fails = check_pairing_table(fn, pairing_table(max(*WORLD_SIZES, comm.size)))
     if fails:
         return fails if comm.rank == 0 else []
     # 2. one training step per schedule on these ranks, every message placed by fn
@@ -351,11 +371,12 @@ INVALID = {ScheduleError: "not a valid schedule"}  # what attempt() reports for 
 
 
 def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, m=None):
-    """What ``mpiexec -n P python -m mpi4py labs/03_pipeline/exercise.py`` shows: on rank 0
-    the grid of the learner's GPipe and 1F1B for p = P ranks, each with its simulated bubble
-    (through the learner's ``bubble_fraction``) against (p-1)/(m+p-1) and its peak in-flight
-    activations; then, on every rank, one real training step of the learner's 1F1B (minipar's
-    if theirs is missing or invalid) with every message placed by the learner's pairing."""
+    """What ``mpiexec -n P python -m mpi4py labs/03_pipeline/exercise.py`` (or the same file under
+    ``torchrun --nproc-per-node P``) shows: on rank 0 the grid of the learner's GPipe and 1F1B
+    for p = P ranks, each with its simulated bubble (through the learner's ``bubble_fraction``)
+    against (p-1)/(m+p-1) and its peak in-flight activations; then, on every rank, one real
+    training step of the learner's 1F1B (minipar's if theirs is missing or invalid) with every
+    message placed by the learner's pairing."""
     p = comm.size
     m = m or 2 * p
     run_sched = one_f_one_b(p, m)

@@ -81,8 +81,8 @@ class Schedule:
 
     @property
     def stages(self) -> int:
-        """``ranks`` under its former name, which lab 03's exercise files (and mutants) may read."""
-        return self.ranks
+        """The number of stages, p * v (``total_stages``): stage ids run 0 .. stages - 1."""
+        return self.total_stages
 
     def contents(self) -> tuple:
         """Everything :func:`validate` reads, as one value: equal contents, equal verdict."""

@@ -11,17 +11,18 @@ EXPECT_MESSAGE: rank 0 computed with data it does not own (it holds only heads 0
 from minipar.collectives import all_reduce
 from minipar.labs.lab02_solution import *  # noqa: F401,F403  everything else is right
 from minipar.nn.functional import attention_forward
-from minipar.xp import chunk_bounds
+from minipar.xp import chunk_bounds, namespace
 
 
 def heads_attention(comm, x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
     B, T, C = x.shape
     lo, hi = chunk_bounds(C, comm.size)[comm.rank]
     nh, hs = n_heads // comm.size, C // n_heads
+    xp = namespace(x)
     heads = []
     for k in range(3):  # q, k, v
         cols = slice(3 * lo + k * (hi - lo), 3 * lo + (k + 1) * (hi - lo))  # BUG: chunk r of all 3C columns
         a = x @ w_qkv[:, cols] + b_qkv[cols]  # (B, T, C/p)
-        heads.append(a.reshape(B, T, nh, hs).transpose(0, 2, 1, 3))  # (B, nh/p, T, hs)
-    y = attention_forward(*heads)[0].transpose(0, 2, 1, 3).reshape(B, T, hi - lo)  # (B, T, C/p)
+        heads.append(xp.permute_dims(a.reshape(B, T, nh, hs), (0, 2, 1, 3)))  # (B, nh/p, T, hs)
+    y = xp.permute_dims(attention_forward(*heads)[0], (0, 2, 1, 3)).reshape(B, T, hi - lo)  # (B, T, C/p)
     return all_reduce(comm, y @ w_proj[lo:hi]) + b_proj

@@ -2,11 +2,12 @@
 
 The gradient of stage s goes back to stage s-1; this sends it "to the right", to rank + 1,
 like the forward's activation. On 2 ranks the right and the left neighbour are the same rank,
-so the bug hides; the first schedule on 3 ranks exposes it. (The pairing is written out here,
-not taken from minipar's answer: a graded call that runs minipar's answer is refused as such.)
+so the bug hides; the first schedule on 3 ranks (GPipe, p=3) exposes it. (The pairing is
+written out here, not taken from minipar's answer: a graded call that runs minipar's answer is
+refused as such.)
 
 EXPECT_TASK: 3.4
-EXPECT_MESSAGE: rank 1's action 1B0 sends its gradient to rank 2 with tag 1; the gradient of 1B0 must go to stage 0, which lives on rank 0
+EXPECT_MESSAGE: gpipe p=3 m=3 v=1, rank 1's action 1B0 sends its gradient to rank 2 with tag 1; the gradient of 1B0 must go to stage 0, which lives on rank 0
 """
 from minipar.labs.lab03_solution import *  # noqa: F401,F403  everything else is right
 from minipar.pipeline.execute import act_tag, grad_tag

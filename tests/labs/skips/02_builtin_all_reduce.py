@@ -7,7 +7,7 @@ EXPECT 2.5: rank 0 called comm.builtin.all_reduce inside megatron_mlp
 EXPECT 2.6: rank 0 called comm.builtin.all_reduce inside heads_attention
 """
 from minipar.nn.functional import attention_forward, gelu_forward
-from minipar.xp import chunk_bounds
+from minipar.xp import chunk_bounds, namespace
 
 
 def _mine(comm, n):
@@ -32,8 +32,8 @@ def megatron_mlp(comm, x, w1, b1, w2, b2):
 def heads_attention(comm, x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
     B, T, C = x.shape
     lo, hi = _mine(comm, C)
-    hs = C // n_heads
-    q, k, v = [(x @ w_qkv[:, j * C + lo:j * C + hi] + b_qkv[j * C + lo:j * C + hi])
-               .reshape(B, T, (hi - lo) // hs, hs).transpose(0, 2, 1, 3) for j in range(3)]
-    y = attention_forward(q, k, v)[0].transpose(0, 2, 1, 3).reshape(B, T, hi - lo)
+    hs, xp = C // n_heads, namespace(x)
+    q, k, v = [xp.permute_dims((x @ w_qkv[:, j * C + lo:j * C + hi] + b_qkv[j * C + lo:j * C + hi])
+                               .reshape(B, T, (hi - lo) // hs, hs), (0, 2, 1, 3)) for j in range(3)]
+    y = xp.permute_dims(attention_forward(q, k, v)[0], (0, 2, 1, 3)).reshape(B, T, hi - lo)
     return comm.builtin.all_reduce(y @ w_proj[lo:hi]) + b_proj

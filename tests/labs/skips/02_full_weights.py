@@ -10,7 +10,7 @@ EXPECT 2.6: rank 0: the attention output is NaN at element 0
 """
 
 from minipar.nn.functional import attention_forward, gelu_forward
-from minipar.xp import chunk_bounds
+from minipar.xp import chunk_bounds, namespace
 
 
 def column_forward(comm, x, w, b):
@@ -33,7 +33,8 @@ def megatron_mlp(comm, x, w1, b1, w2, b2):
 
 def heads_attention(comm, x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
     B, T, C = x.shape
-    q, k, v = [(x @ w_qkv[:, j * C:(j + 1) * C] + b_qkv[j * C:(j + 1) * C])
-               .reshape(B, T, n_heads, C // n_heads).transpose(0, 2, 1, 3) for j in range(3)]
-    y = attention_forward(q, k, v)[0].transpose(0, 2, 1, 3).reshape(B, T, C)
+    xp = namespace(x)
+    q, k, v = [xp.permute_dims((x @ w_qkv[:, j * C:(j + 1) * C] + b_qkv[j * C:(j + 1) * C])
+                               .reshape(B, T, n_heads, C // n_heads), (0, 2, 1, 3)) for j in range(3)]
+    y = xp.permute_dims(attention_forward(q, k, v)[0], (0, 2, 1, 3)).reshape(B, T, C)
     return y @ w_proj + b_proj

@@ -7,11 +7,9 @@ EXPECT 2.2: rank 0 sent 1 messages; one ring all-reduce of the (5, 12) partial s
 EXPECT 2.3: rank 0: dx (the whole input gradient) is NaN at element 0 (60 of 60 elements NaN): rank 0 computed with data it does not own (it holds only columns 0:12 of w and of dY
 EXPECT 2.5: rank 0 sent 1 messages; one ring all-reduce of the (5, 12) output
 """
-import numpy as np
-
 from minipar.collectives import all_gather
 from minipar.nn.functional import gelu_forward
-from minipar.xp import chunk_bounds
+from minipar.xp import chunk_bounds, contiguous
 
 
 def _mine(comm, n):
@@ -28,7 +26,7 @@ def row_forward(comm, x, w, b):
 
 
 def column_backward(comm, dy_r, x, w):
-    dy = np.ascontiguousarray(all_gather(comm, dy_r.T.copy()).T)  # every rank's columns of dY
+    dy = contiguous(all_gather(comm, contiguous(dy_r.T)).T)  # every rank's columns of dY
     return dy @ w.T, x.T @ dy_r, dy_r.sum(axis=0)
 
 

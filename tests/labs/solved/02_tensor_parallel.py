@@ -3,7 +3,7 @@ where the task needs it, nothing else (no solution module). Must pass `minipar c
 
 from minipar.collectives import all_reduce
 from minipar.nn.functional import attention_forward, gelu_forward
-from minipar.xp import chunk_bounds
+from minipar.xp import chunk_bounds, namespace
 
 
 def _mine(comm, n):
@@ -41,7 +41,8 @@ def heads_attention(comm, x, w_qkv, b_qkv, w_proj, b_proj, n_heads):
     B, T, C = x.shape
     lo, hi = _mine(comm, C)  # my heads' columns (p divides n_heads)
     hs, nh = C // n_heads, (hi - lo) // (C // n_heads)
-    q, k, v = [(x @ w_qkv[:, j * C + lo:j * C + hi] + b_qkv[j * C + lo:j * C + hi])
-               .reshape(B, T, nh, hs).transpose(0, 2, 1, 3) for j in range(3)]  # (B, nh/p, T, hs)
-    y = attention_forward(q, k, v)[0].transpose(0, 2, 1, 3).reshape(B, T, hi - lo)
+    xp = namespace(x)  # NumPy's or torch's array API
+    q, k, v = [xp.permute_dims((x @ w_qkv[:, j * C + lo:j * C + hi] + b_qkv[j * C + lo:j * C + hi])
+                               .reshape(B, T, nh, hs), (0, 2, 1, 3)) for j in range(3)]  # (B, nh/p, T, hs)
+    y = xp.permute_dims(attention_forward(q, k, v)[0], (0, 2, 1, 3)).reshape(B, T, hi - lo)
     return all_reduce(comm, y @ w_proj[lo:hi]) + b_proj
