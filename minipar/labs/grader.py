@@ -77,6 +77,8 @@ class Task:
     sizes: tuple = WORLD_SIZES
     budget: float = 15.0  # seconds its check may run on one world size (most take under 1.5 s, loaded)
     reference: tuple = ()  # "module:function" of minipar's own answer: the learner's function may not run it
+    tier: str = "guided"  # "guided": the technique's pieces, each from its docstring's contract and hints;
+    #                       "core": the learner writes the technique's communication whole, from a contract
 
 
 def load_lab(key: str):
@@ -398,7 +400,8 @@ def _main(args) -> int:
     print()
     for t in tasks:
         ok, msg = verdict[t.key]
-        print(f"  {t.key} {t.title:<28} {'PASS' if ok else 'FAIL'}  {msg if not ok else msg[5:]}", flush=True)
+        title = t.title + (" (core)" if t.tier == "core" else "")
+        print(f"  {t.key} {title:<28} {'PASS' if ok else 'FAIL'}  {msg if not ok else msg[5:]}", flush=True)
     passed = sum(ok for ok, _ in verdict.values())
     print(f"\n{passed}/{len(tasks)} tasks pass")
     if traces is not None:
