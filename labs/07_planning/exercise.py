@@ -1,8 +1,9 @@
-"""Lab 07: which strategy when. Five pieces of a planner, written by you, graded against minipar's.
+"""Lab 07: which strategy when. Six pieces of a planner, written by you, graded against minipar's.
 
 Fill in each function below, then run it and grade it:
 
     mpiexec -n 4 python -m mpi4py minipar-labs/07_planning/exercise.py     # yours beside the planner's, one measurement
+    torchrun --standalone --nproc-per-node 4 minipar-labs/07_planning/exercise.py   # the same, torch
     minipar check 07                                               # grade every task
     minipar check 07 --task 7.3                                    # grade one task
 
@@ -119,4 +120,5 @@ def model_params(layers, hidden, heads, kv_heads, ffn, vocab, mlp="gelu", norm="
 
 if __name__ == "__main__":
     from minipar.labs.lab07_choose import demo
-    demo(minipar.init("mpi"), activation_bytes, peak_inflight, dp_all_reduce_time, choose_config)
+    comm = minipar.init("auto")  # MPI under mpiexec, torch.distributed under torchrun
+    demo(comm, activation_bytes, peak_inflight, dp_all_reduce_time, choose_config)

@@ -3,8 +3,10 @@
 Fill in each function below, then run it on real ranks and grade it:
 
     mpiexec -n 4 python -m mpi4py minipar-labs/08_auto_parallel/exercise.py   # see what your code does
+    torchrun --standalone --nproc-per-node 4 minipar-labs/08_auto_parallel/exercise.py   # the same, torch
     minipar check 08                                                  # grade every task
     minipar check 08 --task 8.2                                       # grade one task
+    minipar check 08 --backend torch                                  # grade it on torch tensors
 
 A tensor's placement on one axis of a mesh of m ranks is one of (DTensor's vocabulary):
 
@@ -17,6 +19,11 @@ A rank holds only its own piece (its *local* tensor). Communicate with minipar.c
 comm.builtin (the engine's own collectives) is off limits. The grader counts the bytes each
 rank sends: exactly what the right collective sends, so gathering everything and slicing
 afterwards fails wherever a cheaper collective exists.
+
+One code, two backends: a local piece x is a NumPy array under MPI and a torch tensor under
+torch.distributed. Compute through its array namespace, xp = namespace(x) (minipar.xp):
+xp.moveaxis, xp.reshape, xp.concat; slice with x[(slice(None),) * d + (slice(a, b),)] (rows a:b
+of dim d); zeros(shape, like=x) is a zero array of x's kind, dtype and device.
 """
 import math  # noqa: F401  math.prod, math.ceil
 
@@ -26,6 +33,7 @@ import minipar
 from minipar.autoparallel.placement import Partial, Replicate, Shard, block, plan  # noqa: F401
 from minipar.collectives import all_gather, all_reduce, all_to_all_v, reduce_scatter  # noqa: F401
 from minipar.xp import chunk_bounds  # noqa: F401  chunk_bounds(n, m)[j] = (start, stop) of chunk j
+from minipar.xp import namespace, to_numpy, zeros  # noqa: F401  follow their argument's kind and device
 
 
 def transition_cost(src, dst, shape, m, itemsize, alpha, beta, gamma):
@@ -63,7 +71,7 @@ def redistribute(comm, x, src, dst, shape):
 
     One collective at most (the one transition_cost names), or a local operation:
       S(d) -> R     all_gather(comm, x', counts) concatenates along axis 0: move dim d to the
-                    front (np.moveaxis), pass every rank's count (chunk_bounds(shape[d], m)), move it back
+                    front (xp.moveaxis), pass every rank's count (chunk_bounds(shape[d], m)), move it back
       P -> R        all_reduce(comm, x)
       P -> S(d)     reduce_scatter(comm, x') keeps my chunk of axis 0 of the sum: dim d in front
       S(d) -> S(e)  cut x along e into m chunks, flatten each and concatenate; all_to_all_v(comm,
@@ -122,7 +130,7 @@ def mcmc_step(strategy, cost, space, simulate, rng, beta=30.0):
          Leave ``strategy`` as it is: the candidate is a new dict.
       2. c = simulate(candidate)
       3. Metropolis: accept if c <= cost; if slower by the fraction f = (c - cost) / cost, accept
-         with probability exp(-beta f): draw u = rng.random() (only then), accept if u < that.
+         with probability exp(-beta f): draw u = rng.random() (only then, once), accept if u < that.
     Return (candidate, c, True) if accepted, else (strategy, cost, False).
     """
     # TODO(lab8.5): propose, simulate, accept or not
@@ -133,11 +141,11 @@ if __name__ == "__main__":
     from minipar.autoparallel import Costs, Simulator, build, hand_written, space
     from minipar.lessons.auto_parallel import FIXED_COSTS  # 10 GFLOP/s per rank, alpha 5 us, 1 GB/s
 
-    comm = minipar.init("mpi")
+    comm = minipar.init("auto")  # NumPy over MPI under mpiexec, torch tensors under torchrun
     p, shape = comm.size, (comm.size + 1, 2 * comm.size - 1)  # does not divide over p ranks
     full = np.random.default_rng(0).standard_normal(shape)  # the same tensor on every rank
 
-    def piece(pl):  # my block of full under placement pl (Partial: rank 0 holds it, the others zeros)
+    def piece(pl):  # my block of full under placement pl (Partial: rank 0 holds it, the others zeros), NumPy
         (a, b), (c, d) = block(shape, (pl,), (p,), (comm.rank,))
         return full[a:b, c:d] * (0.0 if isinstance(pl, Partial) and comm.rank else 1.0)
 
@@ -148,9 +156,10 @@ if __name__ == "__main__":
         except NotImplementedError as err:
             cost = f"transition_cost not implemented yet ({err})"
         try:
-            got = redistribute(comm, piece(src), src, dst, shape)
-            right = tuple(got.shape) == piece(dst).shape and np.allclose(got, piece(dst))
-            moved = f"right on {int(all_reduce(comm, np.array([float(right)]))[0])} of {p} ranks"
+            got = to_numpy(redistribute(comm, comm.asarray(piece(src)), src, dst, shape))  # in the backend's kind
+            right = got.shape == piece(dst).shape and np.allclose(got, piece(dst))
+            count = all_reduce(comm, comm.asarray(np.array([float(right)])))  # ranks that got it right
+            moved = f"right on {int(to_numpy(count)[0])} of {p} ranks"
         except NotImplementedError as err:
             moved = f"redistribute not implemented yet ({err})"
         if comm.rank == 0:

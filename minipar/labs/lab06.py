@@ -55,15 +55,15 @@ TASKS = [
 HINTS = {
     "6.1": (
         """The online softmax: a block's acc and l are sums of exp(score - m_block), each relative to
-        its own max. To add two blocks, rescale both to the common max m = np.maximum(m_a, m_b): by
-        exp(m_a - m) and exp(m_b - m). The lesson: docs/sequence_experts.md and
+        its own max. To add two blocks, rescale both to the common max m = xp.maximum(m_a, m_b) (xp =
+        minipar.xp.namespace(acc_a)): by exp(m_a - m) and exp(m_b - m). The lesson: docs/sequence_experts.md and
         notebooks/06_sequence_experts.ipynb.""",
         """Where m = -inf (the row saw no key in either block), m_a - m is -inf - (-inf) = NaN:
-        subtract a finite stand-in there instead, np.where(np.isinf(m), 0.0, m), and both factors are
-        exp(-inf) = 0.""",
+        subtract a finite stand-in there instead, xp.where(xp.isinf(m), xp.zeros_like(m), m), and both
+        factors are exp(-inf) = 0.""",
         """
-        m = np.maximum(m_a, m_b); finite = np.where(np.isinf(m), 0.0, m)
-        ca, cb = np.exp(m_a - finite), np.exp(m_b - finite)
+        xp = namespace(acc_a); m = xp.maximum(m_a, m_b); finite = xp.where(xp.isinf(m), xp.zeros_like(m), m)
+        ca, cb = xp.exp(m_a - finite), xp.exp(m_b - finite)
         return acc_a * ca + acc_b * cb, m, l_a * ca + l_b * cb
         """,
     ),
@@ -72,10 +72,10 @@ HINTS = {
         hold rank (r - s) % p's block. Post the transfer of the next block (comm.irecv from r - 1,
         comm.isend to r + 1, K and V stacked in one message), attend to the block you hold and
         merge (6.1), and only then wait: the transfer hides behind the compute.""",
-        """kv = np.stack([k, v]); nxt = np.empty_like(kv); state = None. For s in range(p): j =
+        """kv = xp.stack([k, v]); nxt = empty(kv.shape, like=kv); state = None. For s in range(p): j =
         (r - s) % p; unless s == p - 1, reqs = [comm.irecv(nxt, (r - 1) % p), comm.isend(kv, (r + 1)
-        % p)]. Causal: skip j > r (the future), mask = np.tril(np.ones((t, t), bool)) when j == r,
-        None when j < r. Then wait both requests and swap kv, nxt. Return acc / l.""",
+        % p)]. Causal: skip j > r (the future), mask = xp.tril(xp.ones((t, t), dtype=xp.bool)) when
+        j == r, None when j < r. Then wait both requests and swap kv, nxt. Return acc / l.""",
         """
         for s in range(p):
             j = (r - s) % p
@@ -93,26 +93,29 @@ HINTS = {
         back. all_to_all(comm, x) sends x[j] to rank j and returns row i from rank i: put the
         destination rank on axis 0.""",
         """Stack q, k, v: (3, B, nh, t, hs); reshape to (3, B, p, h, t, hs) and move the p axis first,
-        (p, 3, B, h, t, hs) (np.ascontiguousarray). After the all_to_all row i holds rank i's
-        positions: transpose to (3, B, h, p, t, hs) and reshape to (3, B, h, T, hs). attend with a
-        (T, T) np.tril mask when causal; out = acc / l.""",
+        (p, 3, B, h, t, hs) (xp.permute_dims, then contiguous). After the all_to_all row i holds rank
+        i's positions: permute to (3, B, h, p, t, hs) and reshape to (3, B, h, T, hs). attend with a
+        (T, T) xp.tril mask when causal; out = acc / l.""",
         """
-        send = np.stack([q, k, v]).reshape(3, B, p, h, t, hs).transpose(2, 0, 1, 3, 4, 5)
-        qh, kh, vh = all_to_all(comm, contiguous(send)).transpose(1, 2, 3, 0, 4, 5).reshape(3, B, h, p * t, hs)
+        send = xp.permute_dims(xp.reshape(xp.stack([q, k, v]), (3, B, p, h, t, hs)), (2, 0, 1, 3, 4, 5))
+        got = all_to_all(comm, contiguous(send))                               # (p, 3, B, h, t, hs)
+        qh, kh, vh = xp.reshape(xp.permute_dims(got, (1, 2, 3, 0, 4, 5)), (3, B, h, p * t, hs))
         acc, _, l = attend(qh, kh, vh, mask)
-        out = (acc / l).reshape(B, h, p, t, hs).transpose(2, 0, 1, 3, 4)      # (p, B, h, t, hs)
-        return all_to_all(comm, contiguous(out)).transpose(1, 0, 2, 3, 4).reshape(B, nh, t, hs)
+        out = xp.permute_dims(xp.reshape(acc / l, (B, h, p, t, hs)), (2, 0, 1, 3, 4))  # (p, B, h, t, hs)
+        back = all_to_all(comm, contiguous(out))                               # (p, B, h, t, hs)
+        return xp.reshape(xp.permute_dims(back, (1, 0, 2, 3, 4)), (B, nh, t, hs))
         """,
     ),
     "6.4": (
         """Routing is local: each token's k best experts, then a capacity per expert,
-        ceil(capacity_factor * k * N / E) assignments, granted in priority order.
+        ceil(capacity_factor * k * N / E) assignments, granted in priority order. The decisions are
+        integers, made on the host: probs = to_numpy(probs) (minipar.xp), then
         np.argsort(-probs, axis=1, kind="stable")[:, :k] keeps the lower expert first on ties.""",
         """Priority: every first choice (token by token), then every second choice, and so on:
         for c in range(k): for n in range(N): e = choice[n, c]; keep it if used[e] < capacity,
         and count it in used[e].""",
         """
-        cap = math.ceil(capacity_factor * k * N / E)
+        probs = to_numpy(probs); cap = math.ceil(capacity_factor * k * N / E)
         choice = np.argsort(-probs, axis=1, kind="stable")[:, :k]
         keep, used = np.zeros((N, k), bool), np.zeros(E, int)
         for c in range(k):
@@ -128,12 +131,13 @@ HINTS = {
         destination. Both are in minipar.collectives.""",
         """kept = (token n, expert e) of every kept assignment, ordered by e, then choice c, then n.
         mine = np.bincount(the kept experts, minlength=E).reshape(p, E // p).astype(np.int64);
-        counts = all_to_all(comm, mine) (counts[i, e]: rows rank i sends to my local expert e);
-        got, _ = all_to_all_v(comm, x[the kept tokens], mine.sum(axis=1)).""",
+        counts = to_numpy(all_to_all(comm, comm.asarray(mine))) (counts[i, e]: rows rank i sends to
+        my local expert e); got, _ = all_to_all_v(comm, x[the kept tokens], mine.sum(axis=1)).""",
         """
         got arrives by source rank, each source's block ordered by my local expert: block (i, e)
         starts at the running sum of counts in (i, e) order, i.e. np.cumsum of counts.reshape(-1).
-        Return the blocks expert-major (e = 0 .. E/p - 1, then i = 0 .. p-1), concatenated, and counts.
+        Return the blocks expert-major (e = 0 .. E/p - 1, then i = 0 .. p-1), joined with xp.concat
+        (xp = namespace(x)), and counts.
         """,
     ),
     "6.6": (
@@ -145,7 +149,7 @@ HINTS = {
         rank i, its blocks for e = 0 .. E/p - 1) and all_to_all_v(comm, back, counts.sum(axis=1)):
         your own rows come back in the order you sent them.""",
         """
-        y = np.zeros_like(x)
+        y = zeros(x.shape, like=x)             # minipar.xp: x's kind, dtype and device
         for (n, e), row in zip(kept assignments in dispatch's order, returned rows):
             y[n] += probs[n, e] * row          # a token with every choice dropped stays 0
         return y
@@ -214,7 +218,7 @@ def merge_mistake(got, a, b):
 
 def check_merge(comm, fn):
     for name, a, b, want in merge_cases():
-        got = fn(tuple(x.copy() for x in a), tuple(x.copy() for x in b))
+        got = fn(tuple(comm.asarray(x.copy()) for x in a), tuple(comm.asarray(x.copy()) for x in b))
         if not isinstance(got, (tuple, list)) or len(got) != 3:
             return [f"merge must return the state (acc, m, l), got {type(got).__name__} ({name})"]
         hint = merge_mistake(got, a, b)
@@ -242,7 +246,9 @@ class Call:
 
 class Attend:
     """The kernel handed to the learner: ``attend(q, k, v, mask=None) -> (acc, m, l)``, minipar's
-    ``block_attention``, with every call recorded (``blocks``: each rank's (k, v), to name them)."""
+    ``block_attention``, with every call recorded (``blocks``: each rank's (k, v), to name them).
+    q, k, v are the backend's arrays (NumPy or torch); the mask may be either kind (or None).
+    The record keeps NumPy copies."""
 
     def __init__(self, blocks=()):
         self.blocks, self.calls = list(blocks), []
@@ -250,11 +256,12 @@ class Attend:
     def __call__(self, q, k, v, mask=None):
         t0 = time.perf_counter()
         tq, tk = q.shape[-2], k.shape[-2]
-        full = np.ones((tq, tk), bool) if mask is None else np.asarray(mask, bool).reshape(-1, tq, tk)[0]
+        full = np.ones((tq, tk), bool) if mask is None else np.asarray(to_numpy(mask), bool).reshape(-1, tq, tk)[0]
         out = block_attention(q, k, v, mask)
+        q, k, v = (np.array(to_numpy(a)) for a in (q, k, v))
         block = next((j for j, (kj, vj) in enumerate(self.blocks)
                       if kj.shape == k.shape and np.array_equal(kj, k) and np.array_equal(vj, v)), None)
-        self.calls.append(Call(t0, time.perf_counter(), np.array(q), np.array(k), np.array(v), full, block))
+        self.calls.append(Call(t0, time.perf_counter(), q, k, v, full, block))
         return out
 
 
@@ -321,7 +328,8 @@ def check_ring_attention(comm, fn):
         q, k, v = (same(B, nh, p * t, hs, seed=s) for s in (1, 2, 3))
         want = mine(attention_forward(q, k, v, causal=causal)[0], r, t)
         attend = Attend([(mine(k, j, t), mine(v, j, t)) for j in range(p)])
-        g = graded(comm, lambda: fn(comm, mine(q, r, t), mine(k, r, t), mine(v, r, t), attend, causal))
+        handed = [comm.asarray(mine(a, r, t)) for a in (q, k, v)]  # this rank's rows, the backend's kind
+        g = graded(comm, lambda: fn(comm, *handed, attend, causal))
         case = f"T={p * t}, {t} positions per rank, {'causal' if causal else 'no mask'}, on {ranks(p)}"
         block = 2 * B * nh * t * hs  # doubles in one K|V message
         fails = (no_builtin(comm, g, "ring_attention", INSTEAD)
@@ -378,7 +386,8 @@ def check_ulysses(comm, fn):
         q, k, v = (same(B, nh, p * t, hs, seed=s) for s in (4, 5, 6))
         want = mine(attention_forward(q, k, v, causal=causal)[0], r, t)
         attend = Attend()
-        g = graded(comm, lambda: fn(comm, mine(q, r, t), mine(k, r, t), mine(v, r, t), attend, causal))
+        handed = [comm.asarray(mine(a, r, t)) for a in (q, k, v)]  # this rank's rows, the backend's kind
+        g = graded(comm, lambda: fn(comm, *handed, attend, causal))
         case = f"B={B}, {nh} heads, T={p * t}, {t} positions per rank, {'causal' if causal else 'no mask'}, on {ranks(p)}"
         fails = (no_builtin(comm, g, "ulysses_attention", "minipar.collectives.all_to_all")
                  or heads_layout(comm, attend.calls, (q, k, v), h, causal, case)

@@ -86,7 +86,8 @@ def check_route(comm, fn):
     for N, E, k, f in ROUTE_CASES:
         probs = probabilities(r, N, E)
         want = route(probs, k, capacity(N, E, k, f))
-        g = graded(comm, lambda: fn(comm, probs.copy(), k, f))
+        handed = comm.asarray(probs.copy())  # the backend's kind: NumPy or torch
+        g = graded(comm, lambda: fn(comm, handed, k, f))
         case = f"N={N} tokens per rank, E={E}, top-{k}, capacity factor {f}, on {ranks(comm.size)}"
         fails = no_builtin(comm, g, "route", "no communication at all")
         if not fails and (not isinstance(g.out, (tuple, list)) or len(g.out) != 2):
@@ -190,7 +191,8 @@ def check_dispatch(comm, fn):
         want_rows, want_counts = expected_dispatch(data, r, E, k)
         order, experts = sent_rows(choice, keep, E)
         own = np.bincount(experts, minlength=E).reshape(p, E // p)
-        g = graded(comm, lambda: fn(comm, x.copy(), choice.copy(), keep.copy(), E))
+        handed = comm.asarray(x.copy())  # the backend's kind; choice and keep stay NumPy (host bookkeeping)
+        g = graded(comm, lambda: fn(comm, handed, choice.copy(), keep.copy(), E))
         case = f"N={N} tokens per rank, C={C}, E={E} experts, top-{k}, on {ranks(p)}"
         fails = no_builtin(comm, g, "dispatch", INSTEAD)
         if not fails and (not isinstance(g.out, (tuple, list)) or len(g.out) != 2):
@@ -246,8 +248,9 @@ def check_moe_forward(comm, fn):
         y_all, ctx = dense.forward(x_all)
         experts = [tuple(a.copy() for _, a in getattr(dense, f"expert{e}").named_parameters()) for e in range(E)]
         handed = [w if e // El == r else tuple(np.full_like(a, np.nan) for a in w) for e, w in enumerate(experts)]
-        x = x_all[r * N:(r + 1) * N].copy()
-        g = graded(comm, lambda: fn(comm, x, dense.router.params["w"].copy(), handed, k, 1.0))
+        x = comm.asarray(x_all[r * N:(r + 1) * N].copy())  # the backend's kind: NumPy or torch
+        w_router, handed = comm.asarray(dense.router.params["w"].copy()), [tuple(map(comm.asarray, w)) for w in handed]
+        g = graded(comm, lambda: fn(comm, x, w_router, handed, k, 1.0))
         case = f"N={N} tokens per rank, C={C}, E={E} experts, top-{k}, capacity factor 1.0, on {ranks(p)}"
         rt = ctx["routing"]
         dest = [sent_rows(rt.choice[i * N:(i + 1) * N], rt.keep[i * N:(i + 1) * N], E)[1] // El for i in range(p)]

@@ -1,6 +1,6 @@
 """Lab 07 (which strategy when): the tasks and their checks.
 
-The four tasks are pieces of the planner (``minipar.plan``), graded in one process
+The six tasks are pieces of the planner (``minipar.plan``), graded in one process
 (``sizes=(1,)``) against the planner itself on many cases, smallest first. When a wrong answer
 equals what a typical mistake gives, the message names the mistake:
 

@@ -69,17 +69,18 @@ HINTS = {
     "8.2": (
         """One branch per (type of src, type of dst), each at most one collective of
         minipar.collectives (all_gather, all_reduce, reduce_scatter, all_to_all_v). They work along
-        axis 0: move the split dim to the front (np.moveaxis) and back afterwards. Take every extent
-        from shape: x.shape is only your piece.""",
+        axis 0: move the split dim to the front (xp.moveaxis, xp = minipar.xp.namespace(x)) and back
+        afterwards. Take every extent from shape: x.shape is only your piece.""",
         """S(d) -> R: moveaxis(all_gather(comm, moveaxis(x, d, 0), counts=chunk sizes of shape[d]), 0, d).
         P -> R: all_reduce(comm, x). P -> S(d): moveaxis(reduce_scatter(comm, moveaxis(x, d, 0)), 0, d).
-        R -> S(d): np.take(x, range(a, b), axis=d) with (a, b) = chunk_bounds(shape[d], m)[r].
-        R -> P: x on rank 0, zeros elsewhere. S(d) -> P: zeros with shape[d] along d, your piece at a:b.""",
+        R -> S(d): x[(slice(None),) * d + (slice(a, b),)] with (a, b) = chunk_bounds(shape[d], m)[r].
+        R -> P: x on rank 0, zeros(x.shape, like=x) elsewhere. S(d) -> P: zeros with shape[d] along d,
+        your piece at a:b.""",
         """
-        S(d) -> S(e): cut x along e by chunk_bounds(x.shape[e], m), ravel each piece, concatenate;
-        rows, counts = all_to_all_v(comm, flat, [piece sizes], or None when every piece is the same size)
-        piece j (counts[j] elements) = rank j's rows of d (chunk_bounds(shape[d], m)[j]) x your chunk of e:
-        reshape each piece and np.concatenate them along d.
+        S(d) -> S(e): cut x along e by chunk_bounds(x.shape[e], m), flatten each piece (xp.reshape(piece,
+        (-1,))), xp.concat them; rows, counts = all_to_all_v(comm, flat, [piece sizes], or None when every
+        piece is the same size). Piece j (counts[j] elements) = rank j's rows of d (chunk_bounds(shape[d],
+        m)[j]) x your chunk of e: xp.reshape each piece and xp.concat them along d.
         """,
     ),
     "8.3": (

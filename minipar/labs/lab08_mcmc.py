@@ -2,7 +2,8 @@
 
 The candidate's ``mcmc_step`` is handed an rng whose ``random()`` is scripted just below and
 just above exp(-beta f), at several betas and costs: accepting every slower move, never, or at
-another temperature each fail, with the rule the decisions fit. Then a seeded chain runs on a
+another temperature each fail, with the rule the decisions fit; so does a step that draws u for
+a candidate that is not slower, or more than once. Then a seeded chain runs on a
 fixed table of costs: one operator changed per step, to another of its valid choices, uniformly.
 """
 from __future__ import annotations
@@ -120,6 +121,16 @@ WRONG = {"it accepts every slower candidate: exp(-beta f) must shrink as f grows
              lambda f, beta, cost: math.exp(-beta * f / (1 + f))}
 
 
+def _extra_draws(draws, f, move):
+    """The message for a step that drew u where Metropolis draws none (a candidate that is not
+    slower), or more than once (a slower one)."""
+    did = f"drew u = rng.random() {draws} time{'s' if draws > 1 else ''} for {move}"
+    rule = ("a candidate that is not slower is taken without a draw" if f <= 0
+            else "one u decides a slower candidate")
+    return (f"mcmc_step {did}: {rule}; draw u only for a slower candidate, once (the chain's draws are one "
+            f"stream: an extra draw changes every later proposal)")
+
+
 def _acceptance(fn, sp, start):
     """The scripted probes; the first wrong decision, with the rule all the decisions fit."""
     decisions, first = [], None
@@ -139,6 +150,8 @@ def _acceptance(fn, sp, start):
             return [f"mcmc_step {'accepted' if acc else 'rejected'} {move} without drawing u = rng.random() from the "
                     f"rng it was given: {list(WRONG)[0 if acc else 1]}; Metropolis accepts it with probability "
                     f"exp(-beta f) = {p:.4f}"]
+        if rng.draws > (f > 0):
+            return [_extra_draws(rng.draws, f, move)]
         decisions.append((f, beta, cost, u, acc))
         if first is None and acc != want:
             first = (f"mcmc_step {'accepted' if acc else 'rejected'} {move} at u = {u:.4f}: Metropolis accepts with "

@@ -13,6 +13,7 @@ import numpy as np
 from minipar.collectives import all_to_all_v
 from minipar.experts.routing import kept_order
 from minipar.labs.lab06_solution import *  # noqa: F401,F403  everything else is right
+from minipar.xp import namespace
 
 
 def dispatch(comm, x, choice, keep, n_experts):
@@ -23,4 +24,4 @@ def dispatch(comm, x, choice, keep, n_experts):
     got, recv = all_to_all_v(comm, x[order // k], mine.sum(axis=1))
     at = np.cumsum(np.concatenate([[0], counts.reshape(-1)]))
     blocks = [got[at[i * per + e]:at[i * per + e + 1]] for e in range(per) for i in range(p)]
-    return np.concatenate(blocks), counts
+    return namespace(x).concat(blocks, axis=0), counts

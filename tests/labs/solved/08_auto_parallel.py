@@ -1,12 +1,12 @@
-"""Lab 08 solved as a learner would: the moves written on minipar.collectives, the layouts by the
-dim rule, the chain step by hand (no solution module). Must pass `minipar check 08 --file`."""
+"""Lab 08 solved as a learner would: the moves written on minipar.collectives through the array
+namespace of the piece (minipar.xp: NumPy under MPI, torch under torch.distributed), the layouts
+by the dim rule, the chain step by hand (no solution module). Must pass `minipar check 08 --file`
+on both backends."""
 import math
-
-import numpy as np
 
 from minipar.autoparallel.placement import Partial, Replicate, Shard, block, plan
 from minipar.collectives import all_gather, all_reduce, all_to_all_v, reduce_scatter
-from minipar.xp import chunk_bounds
+from minipar.xp import chunk_bounds, namespace, zeros
 
 COLLECTIVE = {(Shard, Replicate): "all_gather", (Partial, Replicate): "all_reduce",
               (Partial, Shard): "reduce_scatter", (Shard, Shard): "all_to_all", (Replicate, Shard): "slice",
@@ -37,46 +37,49 @@ def _sizes(n, m):
     return [b - a for a, b in chunk_bounds(n, m)]
 
 
+def _cut(x, d, a, b):
+    """x[..., a:b, ...] along dim d (a view)."""
+    return x[(slice(None),) * d + (slice(a, b),)]
+
+
 def redistribute(comm, x, src, dst, shape):
-    m, r = comm.size, comm.rank
+    m, r, xp = comm.size, comm.rank, namespace(x)
     if src == dst:
         return x
     if isinstance(src, Shard) and isinstance(dst, Replicate):
         d = src.dim
-        out = all_gather(comm, np.moveaxis(x, d, 0), counts=_sizes(shape[d], m))  # (n_d, ...)
-        return np.moveaxis(out, 0, d)
+        out = all_gather(comm, xp.moveaxis(x, d, 0), counts=_sizes(shape[d], m))  # (n_d, ...)
+        return xp.moveaxis(out, 0, d)
     if isinstance(src, Partial) and isinstance(dst, Replicate):
         return all_reduce(comm, x)
     if isinstance(src, Partial) and isinstance(dst, Shard):
-        return np.moveaxis(reduce_scatter(comm, np.moveaxis(x, dst.dim, 0)), 0, dst.dim)
+        return xp.moveaxis(reduce_scatter(comm, xp.moveaxis(x, dst.dim, 0)), 0, dst.dim)
     if isinstance(src, Shard) and isinstance(dst, Shard):
         d, e = src.dim, dst.dim
         cuts = chunk_bounds(x.shape[e], m)
-        pieces = [np.take(x, range(a, b), axis=e).ravel() for a, b in cuts]
-        sizes = [p.size for p in pieces]
+        pieces = [xp.reshape(_cut(x, e, a, b), (-1,)) for a, b in cuts]
+        sizes = [p.shape[0] for p in pieces]
         d_sizes = _sizes(shape[d], m)
         same = len(set(d_sizes)) == 1 and len({b - a for a, b in cuts}) == 1
-        rows, counts = all_to_all_v(comm, np.concatenate(pieces), None if same else sizes)
-        starts = np.cumsum([0] + list(counts))
+        rows, counts = all_to_all_v(comm, xp.concat(pieces), None if same else sizes)
+        starts = [sum(counts[:j]) for j in range(m + 1)]
         got = []
         for j in range(m):
             piece_shape = list(x.shape)
             piece_shape[d], piece_shape[e] = d_sizes[j], cuts[r][1] - cuts[r][0]
-            got.append(rows[starts[j]:starts[j + 1]].reshape(piece_shape))
-        return np.concatenate(got, axis=d)
+            got.append(xp.reshape(rows[starts[j]:starts[j + 1]], tuple(piece_shape)))
+        return xp.concat(got, axis=d)
     if isinstance(src, Replicate) and isinstance(dst, Shard):
         a, b = chunk_bounds(shape[dst.dim], m)[r]
-        return np.take(x, range(a, b), axis=dst.dim)
+        return _cut(x, dst.dim, a, b)
     if isinstance(src, Replicate):  # -> Partial
-        return x if r == 0 else np.zeros_like(x)
+        return x if r == 0 else zeros(x.shape, like=x)
     d = src.dim  # Shard -> Partial
     full = list(x.shape)
     full[d] = shape[d]
-    out = np.zeros(full)
+    out = zeros(full, like=x)
     a, b = chunk_bounds(shape[d], m)[r]
-    index = [slice(None)] * x.ndim
-    index[d] = slice(a, b)
-    out[tuple(index)] = x
+    out[(slice(None),) * d + (slice(a, b),)] = x
     return out
 
 
