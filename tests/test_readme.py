@@ -33,6 +33,7 @@ FAST = [
     (r"--steps 5", "--steps 1"),
     (r"--microbatches 8", "--microbatches 4"),
     (r"^minipar check 01$", "minipar check 01 --solution --task 1.1"),  # the copied skeleton fails by design
+    (r"^minipar check 01 --backend torch$", "minipar check 01 --backend torch --solution --task 1.1"),
     (r"^minipar bench collectives -n 4", "minipar bench collectives -n 2 --sizes 8 --budget 0.01"),
     (r"^minipar bench tp -n 2$", "minipar bench tp -n 2 --sizes 8 --reps 1 --budget 0.01"),
     (r"^minipar figures", "minipar figures --only 01 --quick"),
