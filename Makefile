@@ -3,6 +3,8 @@
 #   make test    the whole test suite: about 24 minutes on 2 cores (21 measured, quiet); it names
 #                each test file as it starts (a progress bar per long command: MINIPAR_PROGRESS=1)
 #                (as root it also installs Debian's chromium for tests/test_site.py)
+#   make check   the quick tier: every test that starts no ranks, and lesson 01 end to end on each
+#                backend (under 3 minutes on 2 cores): does my install work
 #   make site    the course site into site/ (docs/site.md)
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +12,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 SITE_STAMP := $(VENV)/.installed-site
 
-.PHONY: tour test venv figures clean lint notebooks lab site browser
+.PHONY: tour test check venv figures clean lint notebooks lab site browser
 
 venv: $(STAMP)
 
@@ -37,6 +39,12 @@ tour: $(STAMP)
 
 test: $(SITE_STAMP) browser
 	$(BIN)/python -m pytest -q --durations=15
+
+# the quick tier, "does my install work": every test that launches no ranks and is not marked
+# slow, and one lesson end to end on each backend (lesson 01's collectives on 3 MPI ranks and
+# 2 torch ranks, marked quick); under 3 minutes on 2 cores
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -m "quick or not (mpi or torch or slow or gpu)"
 
 # the browser tests/test_site.py drives: Debian's chromium and its driver, installed once where
 # this runs as root with apt-get (CI, the course machines); elsewhere that test is skipped and says why

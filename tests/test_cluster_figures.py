@@ -67,6 +67,7 @@ def test_the_check_rows_fail_on_wrong_sums_bytes_or_losses():
     assert not B.same_losses_row(placed)["ok"]
 
 
+@pytest.mark.slow
 def test_the_figures_draw_the_stored_records(tmp_path):
     bench, placed = FC.load(FC.BENCH), FC.load(FC.PLACEMENT)
     series = FC.allreduce_series(bench)

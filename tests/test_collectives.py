@@ -20,7 +20,7 @@ def check_records(results, n):
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=pytest.mark.quick), 4, 5, 8])
 def test_collectives_mpi(n):
     out = launch(n, "minipar.lessons.collectives:verify", quiet=True)
     assert len(out.results) == n
@@ -29,7 +29,7 @@ def test_collectives_mpi(n):
 
 @pytest.mark.torch
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.quick), 3, 4])
 def test_collectives_torch_gloo(n):
     if not has_torch():
         pytest.skip("torch not installed")

@@ -54,6 +54,7 @@ def test_the_allocator_keeps_what_the_ledger_counts(tmp_path):
             assert r["alloc"]["kept"] > ledger, r
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(has_cuda(), reason="this machine has a GPU: the refusal is for machines without one")
 @pytest.mark.parametrize("args", [["train", "--backend", "torch", "--device", "cuda", "--steps", "1"],
                                   ["bench", "gpu"]])

@@ -14,6 +14,7 @@ a function, ``from . import x``, and a ``"minipar.pkg.mod:function"`` string han
 """
 from __future__ import annotations
 
+import pytest
 import ast
 import pathlib
 import re
@@ -161,6 +162,7 @@ def _planted(edit_module, line):
     return problems(modules)
 
 
+@pytest.mark.slow
 def test_a_planted_back_edge_is_caught():
     # a technique reaching up into the CLI, inside a function body
     found = _planted("minipar.collectives", "from .cli import main")
@@ -176,6 +178,7 @@ def test_a_planted_back_edge_is_caught():
     assert any("bench -> figures" in p for p in found), found
 
 
+@pytest.mark.slow
 def test_a_planted_cycle_is_caught():
     # two techniques importing each other (no floor is crossed, so only the cycle rule sees it)
     modules = read_tree()

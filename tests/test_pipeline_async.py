@@ -86,6 +86,7 @@ def staleness_costs_loss(p2, p8) -> bool:
     return p8 > 1.25 and abs(p2 - 1) < 0.1
 
 
+@pytest.mark.slow
 def test_staleness_costs_loss_seeded_with_margin():
     p2, p8 = staleness_gap()
     assert staleness_costs_loss(p2, p8), (p2, p8)
