@@ -55,15 +55,15 @@ def dp_all_reduce_time(nbytes, n, per_node, intra, inter):
     multiple of per_node). ``intra``, ``inter``: (alpha, beta) of the link inside a node and of the
     link between nodes, a message of m bytes costing alpha + m * beta.
 
-    Hierarchical, as NCCL and the planner do it, with k = min(n, per_node) ranks per node:
-      1. reduce-scatter inside each node (ring over k ranks, intra link): each rank then holds
-         1/k of its node's sum;
-      2. all-reduce across the nodes (ring over the n/k ranks holding the same 1/k, inter link);
-      3. all-gather inside each node (ring over k ranks, intra link).
-    A ring over p ranks of m bytes: reduce-scatter or all-gather (p-1) alpha + (p-1)/p m beta;
-    all-reduce twice that.
+    The all-reduce to time is the hierarchical one NCCL and the planner run, k = min(n, per_node)
+    ranks per node: a reduce-scatter inside each node (after it each rank holds 1/k of its node's
+    sum), an all-reduce across the nodes among the n/k ranks that hold the same 1/k, and an
+    all-gather inside each node, one phase after the other, each on its own link. Every phase is
+    minipar's ring: over q ranks a reduce-scatter, or an all-gather, of m bytes runs q - 1 steps,
+    in each of which every rank sends one message of m/q bytes (all at once: a step costs one
+    message); a ring all-reduce is a reduce-scatter followed by an all-gather.
     """
-    # TODO(lab7.3): the three rings, each on its link
+    # TODO(lab7.3): the time of each phase on its link
     raise NotImplementedError("lab 7.3")
 
 
@@ -95,7 +95,9 @@ def decode_time(weight_bytes, layers, hidden, t, batch, bandwidth, peak_flops, a
     A decode step reads every weight once and does 2 FLOPs per weight and sequence (a
     multiply-add). It takes the longer of its reading and its computing (they overlap: the
     roofline). After each layer's attention and after its MLP the t ranks' partial outputs, a
-    (batch x hidden) activation, are summed by a ring all-reduce: 2(t-1) alpha + 2(t-1)/t m beta.
+    (batch x hidden) activation of dtype_bytes each, are summed by minipar's ring all-reduce (as
+    in 7.3: a reduce-scatter then an all-gather, each t - 1 steps of one message of 1/t of it per
+    rank). Nothing overlaps these all-reduces.
     decode_time(8e8, 8, 1024, 1, 1, 5e9, 1.5e10, 1e-5, 2e-10, 8) -> 0.16 (8e8 bytes at 5 GB/s)
     """
     # TODO(lab7.5): the roofline of one rank's share of the weights, then the all-reduces

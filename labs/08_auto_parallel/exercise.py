@@ -125,15 +125,18 @@ def mcmc_step(strategy, cost, space, simulate, rng, beta=30.0):
 
     strategy: {operator: choice} with simulated time ``cost`` (seconds); space: {operator: [its
     valid choices]}; simulate(strategy) -> seconds; rng: a numpy Generator.
-      1. propose: among the operators with more than one choice (in space's order), one at random,
-         ops[rng.integers(len(ops))]; give it one of its *other* choices at random, the same way.
-         Leave ``strategy`` as it is: the candidate is a new dict.
-      2. c = simulate(candidate)
-      3. Metropolis: accept if c <= cost; if slower by the fraction f = (c - cost) / cost, accept
-         with probability exp(-beta f): draw u = rng.random() (only then, once), accept if u < that.
-    Return (candidate, c, True) if accepted, else (strategy, cost, False).
+    Returns (candidate, c, True) when the move is accepted, else (strategy, cost, False); either way
+    ``strategy`` is left as it was (the candidate is a new dict).
+    The move (the candidate): one operator, among those with more than one choice, gets one of its
+    other choices; both picks uniform. c = simulate(candidate). The Metropolis rule: a candidate
+    that is not slower is accepted; one slower by the fraction f = (c - cost) / cost is accepted
+    with probability exp(-beta f).
+    The random draws, which the grader replays: each pick among n things is rng.integers(n), the
+    things in space's order (the operators with more than one choice, then that operator's other
+    choices); an acceptance takes one u = rng.random(), accepted if u is below its probability,
+    and only a slower candidate draws it.
     """
-    # TODO(lab8.5): propose, simulate, accept or not
+    # TODO(lab8.5): the move, its time, the rule
     raise NotImplementedError("lab 8.5")
 
 

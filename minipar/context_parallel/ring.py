@@ -142,11 +142,14 @@ def ring_attention_forward(comm, q, k, v, layout, causal=True, attend=block_atte
     return out, (q, k, v, out, lse, layout, causal, drop)
 
 
-def ring_attention_backward(comm, dout, ctx):
+def ring_attention_backward(comm, dout, ctx, attend_backward=block_attention_backward):
     """(dq, dk, dv) for this rank's rows. K|V go around the ring once more (as in the forward);
     each rank adds its queries' part to the travelling dK|dV of every block, which end at their
     owners (the reduce-scatter of ``ring_steps``, 3 slots: my own block's, one leaving, one
-    arriving). dout of padded rows must be 0. With dropout each block's mask is drawn again."""
+    arriving). dout of padded rows must be 0. With dropout each block's mask is drawn again.
+
+    ``attend_backward(q, k, v, dout, lse, delta, mask) -> (dq, dk, dv)`` is the kernel of one block
+    (``blocks.block_attention_backward``; lab 06's grader passes an instrumented one)."""
     q, k, v, out, lse, layout, causal, drop = ctx
     p, r = comm.size, comm.rank
     mine, rate = layout.positions(r), 0.0 if drop is None else drop.rate
@@ -167,9 +170,9 @@ def ring_attention_backward(comm, dout, ctx):
         with comm.region(f"ring_attention:backward step {s} kv{j}"):
             keep = _keep(drop, q, mine, layout.positions(j))  # the forward's, drawn again
             for qs, ks, mask in _pairs(layout, r, j, causal):
-                g = block_attention_backward(q[..., qs, :], kj[..., ks, :], vj[..., ks, :], dout[..., qs, :],
-                                             lse[..., qs, :], delta[..., qs, :], mask,
-                                             keep=None if keep is None else keep[..., qs, ks], rate=rate)
+                args = (q[..., qs, :], kj[..., ks, :], vj[..., ks, :], dout[..., qs, :], lse[..., qs, :],
+                        delta[..., qs, :], mask)
+                g = attend_backward(*args) if keep is None else attend_backward(*args, keep=keep[..., qs, ks], rate=rate)
                 dq[..., qs, :] += g[0]
                 dkj[..., ks, :] += g[1]
                 dvj[..., ks, :] += g[2]

@@ -2,7 +2,9 @@
 
 Each check runs on every rank as ``check(comm, fn)`` with the learner's function and returns a
 list of failure messages saying where the result differs or which rule was broken. Tasks 6.4-6.6
-(mixture of experts) are checked in ``minipar.labs.lab06_experts``. The rules:
+(mixture of experts) are checked in ``minipar.labs.lab06_experts``, the core tasks 6.7 and 6.8
+(ring attention's backward, the MoE's backward with its balancing loss) in
+``minipar.labs.lab06_backward``. The rules:
 
 * 6.1 ``merge`` is a pure function, checked in one process on cases where the typical mistakes
   show (blocks whose scores are hundreds apart, query rows that saw no key), each mistake with
@@ -35,10 +37,13 @@ from ..nn.functional import attention_forward
 from ..xp import to_numpy
 from .checks import COLLECTIVES, compare, expect_traffic, graded, no_builtin, ranks, sent_by_learner, stop
 from .grader import Task
+from .lab06_backward import BACKWARD_HINTS
 
-TITLE = "long sequences and many experts: online softmax, ring attention, Ulysses, MoE routing and dispatch"
+TITLE = ("long sequences and many experts: online softmax, ring attention, Ulysses, MoE routing and dispatch, "
+         "and the backward passes")
 HERE = "minipar.labs.lab06"
 MOE = "minipar.labs.lab06_experts"
+BACKWARD = "minipar.labs.lab06_backward"
 INSTEAD = "comm.isend / comm.irecv (the ring) or minipar.collectives.all_to_all"
 
 TASKS = [
@@ -48,6 +53,11 @@ TASKS = [
     Task("6.4", "top-k routing, capacity", "route", f"{MOE}:check_route", sizes=(2, 3)),
     Task("6.5", "dispatch counts and rows", "dispatch", f"{MOE}:check_dispatch", sizes=(2, 3)),
     Task("6.6", "expert-parallel MoE", "moe_forward", f"{MOE}:check_moe_forward", sizes=(2, 3)),
+    Task("6.7", "ring attention backward", "ring_attention_backward", f"{BACKWARD}:check_ring_backward",
+         sizes=(1, 2, 3), reference=("minipar.context_parallel.ring:ring_attention_backward",), tier="core"),
+    Task("6.8", "MoE backward, aux loss", "moe_backward", f"{BACKWARD}:check_moe_backward", sizes=(2, 3),
+         reference=("minipar.experts.moe:MoE.backward_input", "minipar.experts.moe:plan",
+                    "minipar.experts.routing:aux_loss"), tier="core"),
 ]
 
 # Hints, stage by stage (`minipar check 06 --hint 6.2`): a nudge naming the idea and what to read,
@@ -56,8 +66,8 @@ HINTS = {
     "6.1": (
         """The online softmax: a block's acc and l are sums of exp(score - m_block), each relative to
         its own max. To add two blocks, rescale both to the common max m = xp.maximum(m_a, m_b) (xp =
-        minipar.xp.namespace(acc_a)): by exp(m_a - m) and exp(m_b - m). The lesson: docs/sequence_experts.md and
-        notebooks/06_sequence_experts.ipynb.""",
+        minipar.xp.namespace(acc_a)): by exp(m_a - m) and exp(m_b - m). The README's Background says why
+        the result is exact.""",
         """Where m = -inf (the row saw no key in either block), m_a - m is -inf - (-inf) = NaN:
         subtract a finite stand-in there instead, xp.where(xp.isinf(m), xp.zeros_like(m), m), and both
         factors are exp(-inf) = 0.""",
@@ -68,13 +78,14 @@ HINTS = {
         """,
     ),
     "6.2": (
-        """Ring attention keeps your queries and passes the K/V blocks around the ring: in step s you
-        hold rank (r - s) % p's block. Post the transfer of the next block (comm.irecv from r - 1,
-        comm.isend to r + 1, K and V stacked in one message), attend to the block you hold and
-        merge (6.1), and only then wait: the transfer hides behind the compute.""",
-        """kv = xp.stack([k, v]); nxt = empty(kv.shape, like=kv); state = None. For s in range(p): j =
-        (r - s) % p; unless s == p - 1, reqs = [comm.irecv(nxt, (r - 1) % p), comm.isend(kv, (r + 1)
-        % p)]. Causal: skip j > r (the future), mask = xp.tril(xp.ones((t, t), dtype=xp.bool)) when
+        """Your queries stay home; the keys and values travel. At every step you hold one rank's K/V
+        block: start passing it on to your right neighbour (and receiving the next one from your
+        left) before you attend to it, merge its partial state into yours (6.1), and only then wait
+        for the transfer: it was in flight while you computed. Which block you hold at a step follows
+        from how far the blocks have travelled.""",
+        """kv = xp.stack([k, v]); nxt = empty(kv.shape, like=kv); state = None. For s in range(p): you
+        hold the block of rank j = (r - s) % p; unless s == p - 1, reqs = [comm.irecv(nxt, (r - 1) % p),
+        comm.isend(kv, (r + 1) % p)]. Causal: skip j > r (the future), mask = xp.tril(xp.ones((t, t), dtype=xp.bool)) when
         j == r, None when j < r. Then wait both requests and swap kv, nxt. Return acc / l.""",
         """
         for s in range(p):
@@ -107,11 +118,11 @@ HINTS = {
         """,
     ),
     "6.4": (
-        """Routing is local: each token's k best experts, then a capacity per expert,
-        ceil(capacity_factor * k * N / E) assignments, granted in priority order. The decisions are
-        integers, made on the host: probs = to_numpy(probs) (minipar.xp), then
-        np.argsort(-probs, axis=1, kind="stable")[:, :k] keeps the lower expert first on ties.""",
-        """Priority: every first choice (token by token), then every second choice, and so on:
+        """Routing is local: each token's k best experts (a tie goes to the lower expert index), then a
+        capacity per expert, ceil(capacity_factor * k * N / E) assignments, granted in priority order.
+        The decisions are integers, made on the host, in NumPy on to_numpy(probs) (minipar.xp).""",
+        """np.argsort(-probs, axis=1, kind="stable")[:, :k]: a stable sort keeps the lower expert first on
+        ties. Priority: every first choice (token by token), then every second choice, and so on:
         for c in range(k): for n in range(N): e = choice[n, c]; keep it if used[e] < capacity,
         and count it in used[e].""",
         """
@@ -155,6 +166,7 @@ HINTS = {
         return y
         """,
     ),
+    **BACKWARD_HINTS,
 }
 
 

@@ -3,6 +3,7 @@ import numpy as np
 
 from ..collectives import all_to_all_v
 from ..context_parallel import SeqLayout, ring_attention_forward, ulysses_attention_forward
+from ..context_parallel import ring_attention_backward as ring_backward
 from ..context_parallel.blocks import merge  # noqa: F401  (6.1: exactly minipar's)
 from ..experts import ExpertParallelMoE, MoE
 from ..experts.moe import plan
@@ -35,13 +36,34 @@ def dispatch(comm, x, choice, keep, n_experts):
     return received[perm], got
 
 
-def moe_forward(comm, x, w_router, experts, k, capacity_factor):
+def _layer(comm, x, w_router, experts, k, capacity_factor, aux_weight):
+    """minipar's expert-parallel layer holding the given router and this rank's experts."""
     N, C = x.shape
     dense = MoE(C, experts[0][0].shape[1], len(experts), np.random.default_rng(0), k, capacity_factor,
-                aux_weight=0.0)  # no load-balancing loss: no all-reduce for it
+                aux_weight=aux_weight)
     dense.router.params["w"] = w_router
     for e, (w1, b1, w2, b2) in enumerate(experts):  # the others' experts are NaN: ExpertParallelMoE keeps mine only
         mlp = getattr(dense, f"expert{e}")
         mlp.fc1.params.update(w=w1, b=b1)
         mlp.fc2.params.update(w=w2, b=b2)
-    return ExpertParallelMoE(comm, dense).forward(x)[0]
+    return ExpertParallelMoE(comm, dense)
+
+
+def moe_forward(comm, x, w_router, experts, k, capacity_factor):
+    return _layer(comm, x, w_router, experts, k, capacity_factor, 0.0).forward(x)[0]  # no balancing loss: no all-reduce
+
+
+def ring_attention_backward(comm, q, k, v, out, dout, lse, attend_backward, causal):
+    lay = SeqLayout(q.shape[-2] * comm.size, comm.size, "contiguous")
+    return ring_backward(comm, dout, (q, k, v, out, lse, lay, causal, None), attend_backward=attend_backward)
+
+
+def moe_backward(comm, x, dy, w_router, experts, k, capacity_factor, aux_weight):
+    layer = _layer(comm, x, w_router, experts, k, capacity_factor, aux_weight).to(x)  # gradients of x's kind
+    layer.aux_scale = 1.0 / comm.size  # one balancing loss for every rank's tokens: d aux / d P_e / (p N) a token
+    y, ctx = layer.forward(x)
+    dx = layer.backward(dy, ctx)
+    grads = dict(layer.named_grads())
+    mine = sorted(layer.experts())
+    return y, ctx["aux"], dx, grads["router.w"], [tuple(grads[f"expert{e}.{n}"] for n in ("fc1.w", "fc1.b", "fc2.w",
+                                                                                         "fc2.b")) for e in mine]

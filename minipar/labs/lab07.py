@@ -91,10 +91,10 @@ HINTS = {
     "7.3": (
         """Three rings, each on its own link: a reduce-scatter inside each node (k ranks, intra), an
         all-reduce across the nodes of the 1/k each rank holds (n/k ranks, inter), an all-gather
-        inside the node (intra). minipar.costmodel's ring formulas are allowed.""",
+        inside the node (intra). Count a ring's steps and the size of each step's message.""",
         """k = min(n, per_node); a reduce-scatter or all-gather over p ranks of m bytes on (alpha, beta):
-        ring(p, m) = (p-1) alpha + (p-1)/p m beta; an all-reduce is twice that. On one node the
-        across term is 0 (n/k = 1).""",
+        ring(p, m) = (p-1) alpha + (p-1)/p m beta; an all-reduce is twice that (minipar.costmodel's
+        ring formulas are allowed). On one node the across term is 0 (n/k = 1).""",
         """
         k = min(n, per_node)
         return ring(k, nbytes, *intra) + 2 * ring(n // k, nbytes / k, *inter) + ring(k, nbytes, *intra)
@@ -103,7 +103,7 @@ HINTS = {
     "7.4": (
         """A search: every valid (tp, pp, dp, microbatch, recompute) through predict, keeping the
         fastest whose memory_bytes fits capacity_bytes (ties: the smaller memory). The docstring lists
-        the rules; the planner does the same (notebooks/07_which_strategy.ipynb).""",
+        the rules a configuration must follow.""",
         """tp over the divisors of gpus_per_node that divide gpus, heads and ffn; pp over the divisors
         of layers with gpus % (tp * pp) == 0; dp = gpus // (tp * pp); microbatch over the divisors of
         batch with batch % (dp * microbatch) == 0; recompute in ("none", "selective", "full").
@@ -119,7 +119,7 @@ HINTS = {
     ),
     "7.5": (
         """Decoding one token reads every weight once and does 2 FLOPs per weight and sequence: at
-        small batch it is bound by memory bandwidth, not by compute (docs/inference.md). With
+        small batch it is bound by memory bandwidth, not by compute (the roofline). With
         tensor parallelism each rank reads only its 1/t of the weights; what TP adds is the
         all-reduce of each layer's output, a (batch x hidden) activation, not of any weight.""",
         """read = weight_bytes / t / bandwidth; compute = 2 x batch x (weight_bytes / dtype_bytes) / t

@@ -26,9 +26,9 @@ PARAMS_CASES = [  # smallest first; (layers, hidden, heads, kv_heads, ffn, vocab
 PARAMS_HINTS = {
     "7.6": (
         """Count each weight matrix and vector of one block, then the ends: the embedding, the output
-        layer unless it is tied to the embedding, the final norm. docs/planner.md ("Today's shapes")
-        has the table; Llama-3-8B by hand comes to 8,030,261,248.""",
-        """d = hidden / heads. Attention: Q and the projection hidden x heads d each, K and V hidden x
+        layer unless it is tied to the embedding, the final norm. Llama-3-8B by hand comes to
+        8,030,261,248.""",
+        """docs/planner.md ("Today's shapes") has the table. d = hidden / heads. Attention: Q and the projection hidden x heads d each, K and V hidden x
         kv_heads d each (+ biases heads d + 2 kv_heads d + hidden). MLP: gelu 2 matrices hidden x ffn
         (+ ffn + hidden), swiglu 3 (+ 2 ffn + hidden). Two norms per block: layernorm 2 hidden each,
         rmsnorm hidden. Then vocab x hidden, again if not tied, and one more norm.""",

@@ -52,8 +52,8 @@ HINTS = {
     "8.1": (
         """The kind follows from the types of src and dst alone (the docstring's table): Shard -> Replicate
         all_gather, Partial -> Replicate all_reduce, Partial -> Shard reduce_scatter, Shard -> Shard
-        all_to_all, the rest local. Then c, the bytes of the largest piece one message carries. The
-        lesson: docs/autoparallel.md, notebooks/08_auto_parallel.ipynb.""",
+        all_to_all, the rest local. Then c, the bytes of the largest piece one message carries; the
+        README's table gives each operation's time from it.""",
         """n = prod(shape). all_reduce: c = ceil(n / m) * itemsize. all_gather or reduce_scatter along
         d: c = ceil(shape[d] / m) * (n // shape[d]) * itemsize. all_to_all from d to e:
         c = ceil(shape[d] / m) * ceil(shape[e] / m) * (n // shape[d] // shape[e]) * itemsize, plus

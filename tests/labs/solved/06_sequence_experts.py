@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from minipar.collectives import all_to_all, all_to_all_v
-from minipar.nn.functional import gelu_forward, softmax_forward
+from minipar.collectives import all_reduce, all_to_all, all_to_all_v
+from minipar.nn.functional import gelu_backward, gelu_forward, softmax_backward, softmax_forward
 from minipar.xp import contiguous, empty, namespace, to_numpy, zeros
 
 
@@ -109,3 +109,113 @@ def moe_forward(comm, x, w_router, experts, k, capacity_factor):
     for (n, e), row in zip(_kept(choice, keep, E), returned):
         y[n] += probs[n, e] * row
     return y
+
+
+def ring_attention_backward(comm, q, k, v, out, dout, lse, attend_backward, causal):
+    p, r = comm.size, comm.rank
+    t, xp = q.shape[-2], namespace(q)
+    right, left = (r + 1) % p, (r - 1) % p
+    delta = xp.sum(dout * out, axis=-1, keepdims=True)  # (B, nh, t, 1): per query, the same for every block
+    kv = xp.stack([k, v])  # (2, B, nh, t, hs): the block I hold
+    nxt = empty(kv.shape, like=kv)  # the one arriving
+    carry = empty(kv.shape, like=kv)  # the partial dK|dV arriving from the left
+    dq, own = zeros(q.shape, like=q), None
+    for s in range(p):
+        j = (r - s) % p  # whose block I hold
+        if s < p - 1:
+            reqs = [comm.irecv(nxt, left, tag=1), comm.isend(kv, right, tag=1)]
+        part = zeros(kv.shape, like=kv)  # my queries' part of block j's dK|dV
+        if not (causal and j > r):
+            mask = xp.tril(xp.ones((t, t), dtype=xp.bool)) if causal and j == r else None
+            dq_j, dk_j, dv_j = attend_backward(q, kv[0], kv[1], dout, lse, delta, mask)
+            dq = dq + dq_j
+            part = xp.stack([dk_j, dv_j])
+        if s == 0:
+            own = part  # added last, when the others' sum comes home
+        else:  # block j's parcel: the ranks since its owner, plus me; then on to the right
+            total = part if s == 1 else carry + part
+            comm.sendrecv(total, right, carry, left, sendtag=2, recvtag=2)
+        if s < p - 1:
+            for req in reqs:
+                req.wait()
+            kv, nxt = nxt, kv
+    dkv = own if p == 1 else own + carry
+    return dq, dkv[0], dkv[1]
+
+
+def _expert_forward(rows, w1, b1, w2, b2):
+    """(out, what its backward needs): GeLU(rows @ w1 + b1) @ w2 + b2."""
+    a, gctx = gelu_forward(rows @ w1 + b1)
+    return a @ w2 + b2, (rows, a, gctx)
+
+
+def _expert_backward(d, saved, w1, w2):
+    """(d_rows, (dw1, db1, dw2, db2)) of one expert, d the gradient of its outputs."""
+    xp = namespace(d)
+    rows, a, gctx = saved
+    dh = gelu_backward(d @ xp.matrix_transpose(w2), gctx)
+    grads = (xp.matrix_transpose(rows) @ dh, xp.sum(dh, axis=0), xp.matrix_transpose(a) @ d, xp.sum(d, axis=0))
+    return dh @ xp.matrix_transpose(w1), grads
+
+
+def _to_experts(counts, rows_by_source, per, p):
+    """Rows received by source rank (each source's by my local expert) -> expert-major order."""
+    xp = namespace(rows_by_source)
+    at = np.cumsum(np.concatenate([[0], counts.reshape(-1)]))
+    return xp.concat([rows_by_source[at[i * per + e]:at[i * per + e + 1]] for e in range(per) for i in range(p)], axis=0)
+
+
+def _to_sources(counts, rows_by_expert, per, p):
+    """The reverse: expert-major rows -> by source rank, each source's by my local expert."""
+    xp = namespace(rows_by_expert)
+    at = np.cumsum(np.concatenate([[0], counts.T.reshape(-1)]))
+    return xp.concat([rows_by_expert[at[e * p + i]:at[e * p + i + 1]] for i in range(p) for e in range(per)], axis=0)
+
+
+def moe_backward(comm, x, dy, w_router, experts, k, capacity_factor, aux_weight):
+    p, r, E, xp = comm.size, comm.rank, len(experts), namespace(x)
+    N, per = x.shape[0], E // p
+    probs, sctx = softmax_forward(x @ w_router)  # (N, E)
+    choice, keep = route(comm, probs, k, capacity_factor)
+    kept = _kept(choice, keep, E)
+    rows, counts = dispatch(comm, x, choice, keep, E)  # expert-major
+    outs, saved, a = [], [], 0
+    for e in range(per):
+        n = int(counts[:, e].sum())
+        w1, b1, w2, b2 = experts[r * per + e]
+        o, sv = _expert_forward(rows[a:a + n], w1, b1, w2, b2)
+        outs.append(o)
+        saved.append(sv)
+        a += n
+    back, _ = all_to_all_v(comm, _to_sources(counts, xp.concat(outs, axis=0), per, p), counts.sum(axis=1))
+    y = zeros(x.shape, like=x)
+    for (n, e), row in zip(kept, back):
+        y[n] += probs[n, e] * row
+    # the balancing loss: f and P over every rank's tokens
+    routed = np.bincount(choice.reshape(-1), minlength=E).astype(np.float64)
+    totals = all_reduce(comm, xp.concat([comm.asarray(routed), xp.sum(probs, axis=0)]))  # (2E,)
+    f, P = totals[:E] / (k * N * p), totals[E:] / (N * p)
+    aux = float(aux_weight * E * xp.sum(f * P))
+    # backward: the gates, then the rows' gradients to the experts and back
+    d_probs = zeros(probs.shape, like=probs) + aux_weight * E * f / (N * p)  # d aux / d probs, every token
+    d_sent = zeros(back.shape, like=back)  # gate * dy of every row I sent, in the order I sent it
+    for i, ((n, e), row) in enumerate(zip(kept, back)):
+        d_probs[n, e] += xp.sum(dy[n] * row)
+        d_sent[i] = probs[n, e] * dy[n]
+    d_rows_by_source, _ = all_to_all_v(comm, d_sent, [int(c) for c in np.bincount(
+        [e // per for _, e in kept], minlength=p)])
+    d_rows = _to_experts(counts, d_rows_by_source, per, p)
+    d_in, d_experts, a = [], [], 0
+    for e in range(per):
+        n = int(counts[:, e].sum())
+        w1, _, w2, _ = experts[r * per + e]
+        di, g = _expert_backward(d_rows[a:a + n], saved[e], w1, w2)
+        d_in.append(di)
+        d_experts.append(g)
+        a += n
+    returned, _ = all_to_all_v(comm, _to_sources(counts, xp.concat(d_in, axis=0), per, p), counts.sum(axis=1))
+    d_logits = softmax_backward(d_probs, sctx)  # (N, E)
+    dx = d_logits @ xp.matrix_transpose(w_router)
+    for (n, _), row in zip(kept, returned):
+        dx[n] += row
+    return y, aux, dx, xp.matrix_transpose(x) @ d_logits, d_experts
