@@ -56,7 +56,8 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # only: the weights are kept in bf16 with their fp32 main copy, so fp8 changes the matmul rate, not
 # the bytes per parameter.
 STORED_AS = {"fp8": "bf16"}
-PRECISIONS = (*DTYPE_BYTES, *STORED_AS)
+# the weights' dtypes the planner prices (the precisions a run computes in: ``mixed_precision.PRECISIONS``)
+WEIGHT_DTYPES = (*DTYPE_BYTES, *STORED_AS)
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,8 @@ class Precision:
     grads: str = "fp32"
 
     def __post_init__(self):
-        if self.params not in PRECISIONS:
-            raise UsageError(f"params dtype {self.params!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.params not in WEIGHT_DTYPES:
+            raise UsageError(f"params dtype {self.params!r}: choose one of {', '.join(WEIGHT_DTYPES)}")
         if self.grads not in DTYPE_BYTES:
             raise UsageError(f"grads dtype {self.grads!r}: choose one of {', '.join(DTYPE_BYTES)}")
         if self.grads != "fp32" and self.grads != self.stored:

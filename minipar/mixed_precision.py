@@ -1,7 +1,22 @@
-"""Adam on one flat 1-D array, in full or mixed precision, optionally offloaded to the host.
+"""Mixed precision's vocabulary, and Adam on one flat 1-D array in full or mixed precision, optionally offloaded.
 
-    opt = FlatAdam(param, init, lr=1e-3, mixed=True)   # param: float16 working copy (a shard)
-    opt.step(param, grad)                               # grad (float16) -> fp32 Adam -> param
+    pol = policy("bf16")        # compute "bfloat16", master "float32": mixed; policy("fp64") is not
+    pol.scaled                  # whether the loss is scaled: fp16 only
+    opt = FlatAdam(param, init, lr=1e-3, mixed=True)   # param: a 16-bit working copy (a shard)
+    opt.step(param, grad)                               # grad -> fp32 Adam on the master -> param
+
+The one set of precision names (``PRECISIONS``), the dtype each computes in (``COMPUTE``), the one
+master dtype of the 16-bit ones (``MASTER``), and ``Policy``, the object the engines
+(``minipar.data_parallel``, ``minipar.zero``) and the trainer (``minipar.train``) take:
+
+    precision  computes in   master weights, Adam state   mixed   loss scaled
+    fp64       float64       - (the weights)              no      no
+    fp32       float32       - (the weights)              no      no
+    bf16       bfloat16      float32                      yes     no (float32's exponent range)
+    fp16       float16       float32                      yes     yes (range 6e-5 ... 65504)
+
+(``minipar.memory.Precision`` is the planner's table of the bytes per parameter, in Megatron's
+convention: it names the weights' and the gradients' dtypes, fp8 included.)
 
 What DDP and every ZeRO stage run on the parameters they own: DDP on whole flat buckets, ZeRO on
 one rank's shard of each flat layer. Adam is elementwise, so the shard of an update is the
@@ -11,13 +26,14 @@ Bytes per parameter (the ZeRO paper's notation: 2 + 2 + K):
 
     precision  working params  grads  optimizer state (K)
     full       itemsize        itemsize  m, v in the param dtype: 2 x itemsize (16 for float64)
-    mixed      2 (float16)     2      fp32 master + fp32 m + fp32 v = 4 + 4 + 4 = 12
+    mixed      2 (16 bits)     2      fp32 master + fp32 m + fp32 v = 4 + 4 + 4 = 12
 
-Mixed precision: forward and backward run on the float16 working copy; the update happens on
-the float32 master weights (a small update added to a float16 weight would round away), and
-the new master is rounded back into the working copy. Real trainers add loss scaling against
-float16 gradient underflow; our gradients are O(0.1), so it is left out. (bfloat16 would need
-no scaling but NumPy has no bfloat16.)
+Mixed precision: forward and backward run on the 16-bit working copy; the update happens on the
+float32 master weights (a small update added to a 16-bit weight would round away), and the new
+master is rounded back into the working copy. fp16's narrow range needs the loss scaled against
+gradient underflow: the trainer's dynamic loss scale (``minipar.train.precision.LossScaler``);
+lesson 04's engines run fp16 unscaled, their gradients are O(0.1). bfloat16 needs no scale; on
+NumPy it comes from ``ml_dtypes`` (``minipar.xp.dtype_named``).
 
 Offload (ZeRO-Offload, ``offload="cpu"`` or True): master, m and v live on the host as NumPy
 arrays; each step copies the gradient shard to the host, updates there, and copies the new
@@ -40,14 +56,70 @@ import os
 import shutil
 import tempfile
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import UsageError
 from .optim import adam_step
 from .xp import copy, from_numpy, namespace, to_numpy
 
-LOW = "float16"  # the working dtype of mixed precision
-MASTER = "float32"
+PRECISIONS = ("fp64", "fp32", "bf16", "fp16")  # the precisions a run computes in: the one list
+COMPUTE = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # the dtype each computes in
+MASTER = "float32"  # the master dtype of every 16-bit precision: gradients (main_grad), master weights, Adam's state
+BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes of an element of each dtype
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One precision: ``compute`` (the dtype of the weights and activations), ``master`` (of the
+    gradients, master weights and Adam's state), ``mixed`` (the two differ), ``scaled`` (the
+    loss is scaled: fp16 alone, whose range is too narrow for small gradients)."""
+
+    name: str
+
+    @property
+    def compute(self) -> str:
+        return COMPUTE[self.name]
+
+    @property
+    def mixed(self) -> bool:
+        """16 bits: a 16-bit working copy beside float32 master weights."""
+        return self.compute in ("bfloat16", "float16")
+
+    @property
+    def master(self) -> str:
+        return MASTER if self.mixed else self.compute
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes of an element in the compute dtype: a weight, an activation, a message over tp, pp, cp."""
+        return BYTES[self.compute]
+
+    @property
+    def master_bytes(self) -> int:
+        """Bytes of an element in the master dtype: a main_grad element, reduced over dp and emb."""
+        return BYTES[self.master]
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the loss is scaled: fp16 only (bf16 has float32's exponent range)."""
+        return self.name == "fp16"
+
+    def why_unscaled(self) -> str:
+        """Why this precision scales no loss, in a few words (a refusal's reason)."""
+        return ("bf16 has float32's exponent range: its gradients need no scale" if self.name == "bf16"
+                else f"{self.name} is no 16-bit precision")
+
+
+def policy(name) -> Policy:
+    """The ``Policy`` of a precision's name (a ``Policy`` is returned as it is); a UsageError naming
+    the choices for any other name."""
+    if isinstance(name, Policy):
+        return name
+    if name not in PRECISIONS:
+        raise UsageError(f"--precision={name!r}: choose one of {', '.join(PRECISIONS)}")
+    return Policy(name)
 
 
 class NVMe:
@@ -98,14 +170,16 @@ def where(offload) -> str:
     raise ValueError(f"offload={offload!r}: choose False, 'cpu' (True) or 'nvme' (or an NVMe store)")
 
 
-def working_dtype(like, mixed):
-    """The dtype forward/backward run in: float16 when ``mixed`` is True, the dtype it names when
-    it is a name ("bfloat16"), else the dtype of ``like``."""
+def working_dtype(like, precision=None):
+    """The dtype forward and backward run in, on ``like``'s backend: a mixed ``precision``'s
+    compute dtype (bf16: bfloat16, fp16: float16), else ``like``'s own (the weights are their
+    own master, in the dtype they were built in)."""
     from .xp import dtype_named
 
-    if not mixed:
+    pol = policy(precision) if precision is not None else None
+    if pol is None or not pol.mixed:
         return like.dtype
-    return dtype_named(LOW if mixed is True else mixed, like)
+    return dtype_named(pol.compute, like)
 
 
 def astype(x, dtype):

@@ -124,7 +124,7 @@ def live_vs_ledger(comm, stage, mixed=False):
 
     x, y = make_data(comm, 1, 8, 34, 34)
     before = live_tensor_bytes()
-    engine = ZeRO(comm, uniform_model(4, 34, 0).to(x), stage, mixed=mixed)
+    engine = ZeRO(comm, uniform_model(4, 34, 0).to(x), stage, precision="fp16" if mixed else None)
     for _ in range(2):
         engine.train_step(local_batch(comm, x), local_batch(comm, y))
     new = sum(n for p, n in live_tensor_bytes().items() if p not in before)

@@ -104,7 +104,7 @@ def test_data_order_is_a_function_of_the_step():
     (dict(model=GPTConfig(n_heads=6, d_model=12, vocab=32), tp=3), 3, "vocab=32 is not divisible"),
     (dict(pp=3), 3, "n_layers=8 is not divisible by pp x chunks = 3"),
     (dict(pp=4, schedule="interleaved", microbatches=4, model=GPTConfig(n_layers=4)), 4, "n_layers=4 is not divisible by pp x chunks = 8"),
-    (dict(dp=2, microbatches=3), 2, "--batch=16 is not divisible by dp x microbatches = 2 x 3"),
+    (dict(dp=2, microbatches=3), 2, "--batch=32 is not divisible by dp x microbatches = 2 x 3"),
     (dict(pp=2, schedule="interleaved", microbatches=3, batch=12), 2, "--microbatches=3 is not divisible by --pp=2"),
     (dict(dp=2, pp=2, tp=2), 6, "-n 6: the grid dp=2 x pp=2 x tp=2 needs 8 ranks"),
     (dict(tp=2, sequence_parallel=True, model=GPTConfig(seq_len=7)), 2, "seq_len=7 is not divisible by --tp=2"),

@@ -51,7 +51,7 @@ def test_a_layer_that_does_not_divide_over_dp_is_padded_and_the_pad_counted():
 @pytest.mark.mpi
 @pytest.mark.timeout(180)
 def test_zero_2_and_3_equal_zero_1_bitwise_and_count_to_the_byte():
-    out = launch(4, "minipar.lessons.train:check_zero", quiet=True, job_timeout=170, configs=GRIDS, steps=2)
+    out = launch(4, "minipar.lessons.train_zero:check_zero", quiet=True, job_timeout=170, configs=GRIDS, steps=2)
     rows = merge_rows(out.results)
     assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     for stage in ("ZeRO-2", "ZeRO-3", "ZeRO-3 reshard"):  # every check ran for every stage
@@ -69,7 +69,7 @@ def test_gradients_reduce_scattered_per_micro_batch_fail_the_bytes_and_the_bitwi
     """The planted ``zero_reduce_per_microbatch``: each micro-batch's gradient reduce-scattered into
     the shards as its backward ends (m + 1 reduce-scatters a step, the tied embedding's sum after the
     flush then short of what was reduced): ZeRO-0 and 1 untouched pass, every ZeRO-2/3 run fails."""
-    out = launch(4, "minipar.lessons.train:check_zero", quiet=True, job_timeout=110, configs=GRIDS[1:2], steps=2,
+    out = launch(4, "minipar.lessons.train_zero:check_zero", quiet=True, job_timeout=110, configs=GRIDS[1:2], steps=2,
                  mutant="zero_reduce_per_microbatch")
     rows = merge_rows(out.results)
     for check in ("bitwise ZeRO-1's", "dp bytes per step = formula"):

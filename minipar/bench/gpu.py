@@ -63,7 +63,8 @@ def zero_memory(comm, units=4, width=1024, batch=64, mixed=False, steps=2, seed=
         box = {}
 
         def run():
-            box["engine"] = engine = ZeRO(comm, uniform_model(units, width, seed).to(x), stage, mixed=mixed)
+            box["engine"] = engine = ZeRO(comm, uniform_model(units, width, seed).to(x), stage,
+                                          precision="fp16" if mixed else None)
             for _ in range(steps):
                 engine.train_step(local_batch(comm, x), local_batch(comm, y))
 

@@ -31,7 +31,7 @@ def offload_cost(comm, units=8, width=1024, batch=16, steps=5, seed=0, path=None
     x, y = make_data(comm, seed + 1, batch, width, width)
     store = NVMe(path)
     xl, yl = local_batch(comm, x), local_batch(comm, y)
-    engines = {name: ZeRO(comm, uniform_model(units, width, seed).to(x), 2, mixed=mixed, offload=off)
+    engines = {name: ZeRO(comm, uniform_model(units, width, seed).to(x), 2, precision="fp16" if mixed else None, offload=off)
                for name, off in (("memory", False), ("cpu", "cpu"), ("nvme", store))}
     times = {name: [] for name in engines}
     for step in range(steps + 1):

@@ -35,14 +35,14 @@ GRIDS = [(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 4, 1), (2, 2, 2), (2, 1, 4), (1, 8
          (1, 1, 8), (1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2)]
 
 
-def train_config(dp, pp, tp, batch=32, **kw):
-    """The benchmark's configuration of a grid: the documented GPT on the sorting task, 1f1b,
-    m = 2 pp micro-batches."""
+def train_config(dp, pp, tp, **kw):
+    """The benchmark's configuration of a grid: ``minipar train``'s run (the documented GPT on the
+    sorting task, ``TrainConfig``'s batch and lr unless given), 1f1b, m = 2 pp micro-batches."""
     from ..train.config import DEFAULT_MODEL, TrainConfig
     from ..train.model import GPTConfig
 
     kw.setdefault("microbatches", 2 * pp if pp > 1 else 1)
-    return TrainConfig(GPTConfig(**DEFAULT_MODEL), dp=dp, pp=pp, tp=tp, batch=batch, data="sorting", lr=3e-3, **kw)
+    return TrainConfig(GPTConfig(**DEFAULT_MODEL), dp=dp, pp=pp, tp=tp, data="sorting", **kw)
 
 
 def matmul_rate(seconds=1.0) -> float:

@@ -220,7 +220,7 @@ def cmd_placement(args):
     from ..train.model import GPTConfig
     from ..train.trainer import TrainConfig
 
-    cfg = TrainConfig(GPTConfig(**PLACEMENT_MODEL), steps=args.steps, batch=16)
+    cfg = TrainConfig(GPTConfig(**PLACEMENT_MODEL), steps=args.steps, batch=16, lr=1e-3)  # the placements' own run
     print(f"{', '.join(args.compare)} on 2 nodes, GPT {PLACEMENT_MODEL}, batch 16, {args.steps} steps x "
           f"{args.rounds} rounds per placement; a cluster of its own per rate")
     records = []

@@ -238,6 +238,52 @@ def _bar_class():
     return Bar
 
 
+def shown(value) -> str:
+    """A default as a help text shows it: 3e-3, 65536, 1.25, 0."""
+    if isinstance(value, float) and value and abs(value) < 1e-2:
+        mantissa, exponent = f"{value:e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def add_field_flag(p, flag: str, field, default, value, options: dict):
+    """``flag`` made from a dataclass ``field``: ``value`` when not given (``default``, the field's,
+    or a "not said" None), the help text of the field's metadata (``minipar.layout.knob``) with
+    ``{default}`` shown, and ``options`` saying what the flag parses. A flag so made cannot say
+    another default than its field."""
+    kw = dict(options)
+    if kw.get("action") != "store_true":
+        kw["default"] = value
+    text = field.metadata.get("help")
+    if text:
+        kw["help"] = text.format(default=shown(default))
+    p.add_argument(flag, **kw)
+
+
+def checked_device(args) -> str | None:
+    """``--device``, checked before any rank starts: cuda needs the torch backend and a GPU."""
+    from ..comm import check_backend
+
+    if args.device == "cpu":
+        return None
+    check_backend(args.backend, args.device)
+    from ..comm.torch_backend import require_gpu
+
+    require_gpu()
+    return args.device
+
+
+def launch_failed(verb, err, echoed) -> int:
+    """A job whose ranks failed: what they printed once (unless it was already echoed as it ran),
+    then the one line saying what went wrong; exit 1. A rank's UsageError goes on to ``main``."""
+    if err.usage:
+        raise err
+    if not echoed and err.output:
+        print(err.output.rstrip("\n"), file=sys.stderr)
+    print(f"minipar {verb}: error: {err.line}", file=sys.stderr)
+    return 1
+
+
 def with_example(text, heading="example"):
     """The keyword arguments of a parser whose ``--help`` ends with ``heading:`` and ``text``, kept as written."""
     return {"epilog": f"{heading}:\n  " + text, "formatter_class": argparse.RawDescriptionHelpFormatter}

@@ -30,7 +30,7 @@ from ..comm.link import LINKS as EMULATED_LINKS
 from ..errors import UsageError
 from ..plan.config import ENGINES, Problem
 from ..plan.hardware import LINKS, PRESET_NAMES, hardware_file, preset
-from ..memory import DTYPE_BYTES, PRECISIONS, Precision
+from ..memory import DTYPE_BYTES, WEIGHT_DTYPES, Precision
 from ..plan.models import MLPS, MODELS, NORMS, ModelSpec, model, with_overrides
 from ..plan.report import report, to_json
 from ..plan.search import search
@@ -213,7 +213,7 @@ def add_plan_arguments(p):
     g.add_argument("--expert-ffn", type=int, help="an expert's MLP width (default --ffn)")
     g.add_argument("--causal-flops", action="store_true", help="count half the attention-score FLOPs (the causal mask)")
     g = p.add_argument_group("precision (default: 16-bit weights and gradients, fp32 Adam: 2 + 2 + 12 bytes per parameter)")
-    g.add_argument("--precision", choices=PRECISIONS, help="weights' dtype, Megatron's convention (fp32 master "
+    g.add_argument("--precision", choices=WEIGHT_DTYPES, help="weights' dtype, Megatron's convention (fp32 master "
                    "copy of 16-bit weights): bf16 18 bytes per parameter with fp32 gradients; fp8: bf16's bytes, "
                    "the matmuls at the hardware's fp8 rate")
     g.add_argument("--grad-dtype", choices=tuple(DTYPE_BYTES), help="gradients' dtype (default fp32; 16-bit: 20 bytes)")

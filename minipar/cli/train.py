@@ -20,21 +20,23 @@ line naming the dimension, exit code 2.
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import sys
 
 from ..errors import UsageError
-from ..grid import ORDER
 from ..launcher import LaunchError
 from ..bench import gpu as gpu_bench, train as train_bench
-from ..train.config import DEFAULT_MODEL
+from ..nn.recompute import MODES as RECOMPUTE
+from ..train.config import DEFAULT_MODEL, TrainConfig
 from ..train.model import GPTConfig
-from ..train.precision import COMPUTE, LOSS_SCALES, PRECISIONS
-from ..train.trainer import CP_ATTENTION, SCHEDULES, TrainConfig, check_shapes
+from ..train.parallelize import parallelize
+from ..train.precision import LOSS_SCALES, PRECISIONS, check_scale_flags
+from ..train.trainer import CP_ATTENTION, SCHEDULES
 from ..records import write_json
-from .common import (MAX_RANKS, bounded, float_at_most, lesson_run_parser, output_path, positive_float, progress,
-                     ranks, run_and_report, with_example)
+from .common import (MAX_RANKS, add_field_flag, bounded, checked_device, float_at_most, launch_failed,
+                     lesson_run_parser, output_path, positive_float, progress, ranks, run_and_report, shown,
+                     with_example)
 
 # Bounds on the model's shape: the model is NumPy (or torch) on this machine, so a shape past
 # these is a typo, not a plan; MAX_PARAMS is checked on the product (what the memory must hold).
@@ -46,97 +48,126 @@ seq_type = bounded(65536, _SHAPE)
 batch_type = bounded(2**20, _SHAPE)
 steps_type = bounded(10**9, "steps")
 
+# ``minipar train``'s flags made from TrainConfig's fields, in the order --help lists them: (flag,
+# field, what the flag parses). The default and the help text are the field's (``minipar.layout.knob``;
+# a model field's default is the documented model's, ``DEFAULT_MODEL``), so the two cannot differ.
+# UNSET flags default to None, "not said": the field's default then, or with --resume the checkpoint's.
+UNSET = None
+GRID_FLAGS = (
+    ("--dp", "dp", dict(type=ranks)),
+    ("--pp", "pp", dict(type=ranks)),
+    ("--tp", "tp", dict(type=ranks)),
+    ("--cp", "cp", dict(type=ranks)),
+    ("--cp-attention", "cp_attention", dict(choices=CP_ATTENTION)),
+    ("--experts", "model.n_experts", dict(type=bounded(MAX_RANKS * 64, "experts", low=0), metavar="E")),
+    ("--top-k", "model.top_k", dict(type=bounded(MAX_RANKS * 64, "experts per token"))),
+    ("--capacity-factor", "model.capacity_factor", dict(type=float_at_most(1e3, "past E / k no token is ever dropped"))),
+    ("--aux-weight", "model.aux_weight", dict(type=float_at_most(1e3, "a weight next to the loss", inclusive=True))),
+    ("--schedule", "schedule", dict(choices=SCHEDULES)),
+    ("--microbatches", "microbatches", dict(type=batch_type)),
+    ("--sequence-parallel", "sequence_parallel", dict(action="store_true")),
+    ("--recompute", "recompute", dict(choices=RECOMPUTE)),
+    ("--zero", "zero", dict(type=int)),
+    ("--reshard", "reshard", dict(action="store_true")),
+    ("--precision", "precision", dict(choices=PRECISIONS, default=UNSET)),
+    ("--loss-scale", "loss_scale", dict(choices=LOSS_SCALES, default=UNSET)),
+    ("--initial-scale", "initial_scale", dict(type=float_at_most(2.0**64, "fp32 gradients overflow long before"),
+                                              default=UNSET, metavar="S")),
+    ("--growth-interval", "growth_interval", dict(type=bounded(10**9, "steps"), default=UNSET, metavar="K")),
+    ("--ranks-per-node", "ranks_per_node", dict(type=bounded(MAX_RANKS, "ranks per node", low=0), metavar="R")),
+    ("--order", "order", dict(metavar="AXES")),
+)
+MODEL_FLAGS = (
+    ("--layers", "model.n_layers", dict(type=layers_type)),
+    ("--d-model", "model.d_model", dict(type=width_type)),
+    ("--heads", "model.n_heads", dict(type=width_type)),
+    ("--seq-len", "model.seq_len", dict(type=seq_type)),
+    ("--batch", "batch", dict(type=batch_type)),
+    ("--lr", "lr", dict(type=float_at_most(10.0, "Adam diverges long before"))),
+    ("--clip", "clip", dict(type=positive_float, metavar="NORM")),
+    ("--clip-norm-type", "clip_norm_type", dict(choices=("2", "inf"))),
+    ("--dropout", "dropout", dict(type=float, metavar="P")),
+)
+STEPS_FLAG = ("--steps", "steps", dict(type=steps_type))
+FLAGS = (*GRID_FLAGS, *MODEL_FLAGS, STEPS_FLAG)
 
 
 def _example(text):
     return with_example(text, heading="examples")
 
 
+def field_of(name: str) -> dataclasses.Field:
+    """The dataclass field called ``name`` in TrainConfig, or "model.x" in GPTConfig."""
+    cls, key = (GPTConfig, name[6:]) if name.startswith("model.") else (TrainConfig, name)
+    return next(f for f in dataclasses.fields(cls) if f.name == key)
+
+
+def default_of(name: str):
+    """The default of field ``name`` as ``minipar train`` runs it (a model field: the documented model's)."""
+    if name.startswith("model.") and name[6:] in DEFAULT_MODEL:
+        return DEFAULT_MODEL[name[6:]]
+    return field_of(name).default
+
+
+def flag_default(name: str, options: dict):
+    """The value a flag for field ``name`` has when not given: UNSET where ``options`` says so, else
+    the field's default (as a string where the flag chooses among strings: "2")."""
+    if "default" in options:
+        return options["default"]
+    default = default_of(name)
+    return shown(default) if "choices" in options and not isinstance(default, str) else default
+
+
+def add_train_flag(p, flag: str, name: str, options: dict):
+    """``flag`` made from field ``name``: ``add_field_flag`` with the default a run takes."""
+    add_field_flag(p, flag, field_of(name), default_of(name), flag_default(name, options), options)
+
+
 def add_grid_options(p):
     p.add_argument("-n", type=ranks, default=1, help="ranks (default 1); must equal dp x pp x cp x tp")
-    p.add_argument("--dp", type=ranks, default=1, help="data-parallel replicas")
-    p.add_argument("--pp", type=ranks, default=1, help="pipeline stages (ranks)")
-    p.add_argument("--tp", type=ranks, default=1, help="tensor-parallel ranks")
-    p.add_argument("--cp", type=ranks, default=1, help="context-parallel ranks: the sequence split over them (zigzag)")
-    p.add_argument("--cp-attention", choices=CP_ATTENTION, default="ring", help="the attention core over cp (default ring)")
-    p.add_argument("--experts", type=bounded(MAX_RANKS * 64, "experts", low=0), default=0, metavar="E",
-                   help="E > 0: every MLP is a mixture of E experts, sharded over the dp ranks")
-    p.add_argument("--top-k", type=bounded(MAX_RANKS * 64, "experts per token"), default=1, help="experts per token (default 1)")
-    p.add_argument("--capacity-factor", type=float_at_most(1e3, "past E / k no token is ever dropped"), default=1.25, help="tokens an expert takes: f x k x N / E (default 1.25)")
-    p.add_argument("--aux-weight", type=float_at_most(1e3, "a weight next to the loss", inclusive=True), default=0.01, help="weight of the load-balancing loss (default 0.01)")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    p.add_argument("--microbatches", type=batch_type, default=1, help="micro-batches per step and DP replica")
-    p.add_argument("--sequence-parallel", action="store_true", help="Megatron-SP: LayerNorms and residuals on T/tp tokens")
-    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    p.add_argument("--zero", type=int, default=0,
-                   help="0: DDP; 1: ZeRO-1 (Adam state sharded over dp x cp); 2: + the gradients, reduce-scattered "
-                        "once per step after the flush; 3: + the weights, gathered once per step (FSDP, each TP "
-                        "rank sharding its own TP shard)")
-    p.add_argument("--reshard", action="store_true",
-                   help="with --zero 3: gather a stage's weights before every pipeline action and free them after "
-                        "(2m gathers a step instead of one; docs/train.md says when that pays)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="fp64 (default) or fp32: everything in it; bf16 or fp16: 16-bit weights and activations, "
-                        "float32 gradients, master weights and Adam state (docs/train.md). With --resume: the "
-                        "checkpoint's, and another only when said here")
-    p.add_argument("--loss-scale", choices=LOSS_SCALES, default=None,
-                   help="fp16 only: dynamic (the default, and the only one fp16 accepts): halve on an overflow, "
-                        "that step skipped on every rank; double after --growth-interval clean steps")
-    p.add_argument("--initial-scale", type=float_at_most(2.0**64, "fp32 gradients overflow long before"), default=None,
-                   metavar="S", help="fp16: the first step's loss scale, a power of 2 (default 65536)")
-    p.add_argument("--growth-interval", type=bounded(10**9, "steps"), default=None, metavar="K",
-                   help="fp16: clean steps in a row before the loss scale doubles (default 2000)")
-    p.add_argument("--ranks-per-node", type=bounded(MAX_RANKS, "ranks per node", low=0), default=0, metavar="R",
-                   help="the ranks sit on nodes of R, in blocks (rank w on node w // R), as mpiexec's host list and "
-                        "torchrun place them; one step is traced and the bytes sent between nodes are reported "
-                        "(default 0: one node)")
-    p.add_argument("--order", default=ORDER, metavar="AXES",
-                   help=f"the grid's axes on the ranks, fastest first, as Megatron's order string (default {ORDER}: "
-                        f"TP partners on neighbouring ranks, inside a node; dp-tp-cp-pp puts DP inside, TP across)")
+    for flag in GRID_FLAGS:
+        add_train_flag(p, *flag)
     p.add_argument("--backend", choices=("mpi", "torch"), default="mpi")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="torch backend: where the ranks compute (cuda: NCCL with a GPU per rank, else gloo with host staging)")
-    p.add_argument("--layers", type=layers_type, default=DEFAULT_MODEL["n_layers"])
-    p.add_argument("--d-model", type=width_type, default=DEFAULT_MODEL["d_model"])
-    p.add_argument("--heads", type=width_type, default=DEFAULT_MODEL["n_heads"])
-    p.add_argument("--seq-len", type=seq_type, default=DEFAULT_MODEL["seq_len"])
-    p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
-    p.add_argument("--lr", type=float_at_most(10.0, "Adam diverges long before"), default=3e-3, help="learning rate, > 0 and at most 10 (default 3e-3)")
-    p.add_argument("--clip", type=positive_float, metavar="NORM",
-                   help="clip the gradients to this global L2 norm before Adam, every parameter counted once (default: no clipping)")
-    p.add_argument("--clip-norm-type", choices=("2", "inf"), default="2",
-                   help="the clip's norm: 2, the L2 norm (default), or inf, the largest |gradient element| over every rank")
-    p.add_argument("--dropout", type=float, default=0.0, metavar="P",
-                   help="drop activations with probability P in [0, 1) after the embedding, after attention, after the "
-                        "MLP and in its hidden layer, and the attention probabilities; each mask is a function of the "
-                        "element's global index: the same on every grid (default 0)")
+    for flag in MODEL_FLAGS:
+        add_train_flag(p, *flag)
+
+
+def dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def config_from(args) -> TrainConfig:
-    model = GPTConfig(vocab=DEFAULT_MODEL["vocab"], d_model=args.d_model, n_heads=args.heads,
-                      n_layers=args.layers, seq_len=args.seq_len, n_experts=args.experts, top_k=args.top_k,
-                      capacity_factor=args.capacity_factor, aux_weight=args.aux_weight)
-    return TrainConfig(model, dp=args.dp, pp=args.pp, tp=args.tp, schedule=args.schedule,
-                       microbatches=args.microbatches, sequence_parallel=args.sequence_parallel,
-                       recompute=args.recompute, zero=args.zero, steps=args.steps, batch=args.batch,
-                       precision=args.precision or "fp64", lr=args.lr, data="sorting", cp=args.cp,
-                       cp_attention=args.cp_attention, clip=args.clip, clip_norm_type=float(args.clip_norm_type),
-                       dropout=args.dropout,
-                       reshard=args.reshard, order=args.order, ranks_per_node=args.ranks_per_node,
-                       **loss_scale_options(args))
+    """The TrainConfig the flags say: every field flag's value (an UNSET one left to the field's
+    default), the documented model's vocabulary, and the sorting task (``minipar train``'s, no flag)."""
+    model, train = {"vocab": DEFAULT_MODEL["vocab"]}, {}
+    for flag, name, options in FLAGS:
+        value = getattr(args, dest(flag), UNSET)
+        if value is UNSET and options.get("default", 0) is UNSET:
+            continue
+        if name == "clip_norm_type":
+            value = float(value)
+        if name.startswith("model."):
+            model[name[6:]] = value
+        else:
+            train[name] = value
+    check_scale_flags(args.precision or default_of("precision"),
+                      {flag: train[name] for flag, name, _ in GRID_FLAGS if name in LOSS_SCALE_FIELDS and name in train})
+    return TrainConfig(GPTConfig(**model), data="sorting", **train)
 
 
-def loss_scale_options(args) -> dict:
-    """The loss-scale flags given, as TrainConfig fields; refused (one line) with a precision that
-    scales nothing: bf16 has float32's exponent range, fp32 and fp64 are float32 and float64."""
-    given = {k: getattr(args, k) for k in ("loss_scale", "initial_scale", "growth_interval")
-             if getattr(args, k) is not None}
-    if given and args.precision != "fp16":
-        flag = "--" + next(iter(given)).replace("_", "-")
-        why = ("bf16 has float32's exponent range: its gradients need no scale" if args.precision == "bf16"
-               else f"{args.precision or 'fp64'} is no 16-bit precision")
-        raise UsageError(f"{flag}: only --precision fp16 scales its loss ({why})")
-    return given
+LOSS_SCALE_FIELDS = ("loss_scale", "initial_scale", "growth_interval")
+
+
+def said_flags(args) -> dict:
+    """{field: (flag, value)} of the field flags given with a value other than their default."""
+    out = {}
+    for flag, name, options in FLAGS:
+        value = getattr(args, dest(flag), UNSET)
+        if value != flag_default(name, options):
+            out[name] = (flag, value)
+    return out
 
 
 def add_verbs(verbs):
@@ -145,7 +176,7 @@ def add_verbs(verbs):
     t = subparsers.add_parser("train", help="train the small GPT on a DP x PP x CP x TP grid (with experts over DP)",
                               **_example("minipar train -n 8 --dp 2 --pp 2 --tp 2 --microbatches 2 --steps 5 --compare"))
     add_grid_options(t)
-    t.add_argument("--steps", type=steps_type, default=300, help="train until this step (default 300)")
+    add_train_flag(t, *STEPS_FLAG)
     t.add_argument("--compare", action="store_true", help="also train in one process (float64) and compare the losses")
     t.add_argument("--json", metavar="FILE", type=output_path, help="losses, step times, tokens/s, memory per rank")
     t.add_argument("--trace", metavar="FILE", type=output_path, help="Chrome trace of the second step, a lane per group (tp, cp, pp, dp, emb, ep)")
@@ -153,7 +184,6 @@ def add_verbs(verbs):
     t.add_argument("--save-every", type=bounded(10**9, "steps", low=0), default=0, metavar="K", help="checkpoint every K steps (and at the end)")
     t.add_argument("--resume", metavar="DIR", help="continue from this checkpoint, on any grid")
     t.set_defaults(func=cmd_train)
-    t.set_defaults(defaults_of_train={flag: t.get_default(flag) for flag in FIXED_BY_CHECKPOINT})
 
     g = subparsers.add_parser("generate", help="greedy text from a checkpoint, with a KV cache, on TP ranks",
                               **_example('minipar generate --checkpoint ckpt/ -n 2 --tp 2 --prompt "41930>"'))
@@ -171,8 +201,8 @@ def add_verbs(verbs):
                                            "recomputation and decoding: about 2 min on 2 cores with --steps 3.",
                                **with_example("minipar bench train --steps 3 --json bench_train.json"))
     p.add_argument("--steps", type=steps_type, default=3, help="timed steps per grid (after one warm-up)")
-    p.add_argument("--batch", type=batch_type, default=32, help="global batch in samples (default 32)")
-    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b", "zb-h1"))
+    add_train_flag(p, "--batch", "batch", dict(type=batch_type))
+    add_train_flag(p, "--schedule", "schedule", dict(choices=("gpipe", "1f1b", "zb-h1")))
     p.add_argument("--rounds", type=bounded(100, "rounds"), default=3,
                    help="interleaved rounds of the two target ratios, their median reported (default 3)")
     p.add_argument("--json", metavar="FILE", type=output_path)
@@ -209,114 +239,30 @@ def cmd_run(args):
 # ----------------------------------------------------------------------------- train
 
 
-def run_rank(comm, cfg, save=None, save_every=0, resume=None, traced=False):
-    """What every rank runs for ``minipar train``: returns the run's record (rank 0's is used)."""
-    from ..trace import merge
-    from ..train.trainer import train
-
-    start, tr = 0, None
-    if resume:
-        from ..train.checkpoint import resume as load
-
-        tr, start = load(comm, cfg, resume)
-        cfg = tr.cfg
-    tokens = cfg.batch * cfg.model.seq_len
-
-    def report(step, rec):
-        peak = max(m["total"] for m in rec["memory"])
-        print(f"step {step:5d}  loss {rec['loss']:.4f}  tokens/s {tokens / rec['time']:9.0f}  "
-              f"step {rec['time'] * 1e3:8.1f} ms  peak/rank {peak / 2**20:7.2f} MiB" + expert_line(rec["experts"])
-              + (f"  grad norm {rec['grad_norm']:.3g}" if rec["grad_norm"] is not None else "")
-              + (f"  loss scale 2^{math.log2(rec['loss_scale']):.0f}" + (" (overflow: step skipped)" if rec["skipped"] else "")
-                 if rec["loss_scale"] is not None else ""), flush=True)
-
-    tr, losses, times = train(comm, cfg, report, trainer=tr, start=start, save=save, save_every=save_every,
-                              trace_step=min(start + 1, cfg.steps - 1) if traced else None)
-    events = merge(comm) if traced else []
-    memory = comm.builtin.allgather_object(dict(tr.memory(), coords=tr.grid.coords, cp=tr.grid.cp_rank, rank=comm.rank))
-    return {"start": start, "losses": losses, "step_times_s": times, "memory": memory, "trace": events,
-            "unigram_entropy": tr.data.unigram_entropy(), "tokens_per_step": tokens, "experts": tr.history,
-            "grad_norms": tr.grad_norms, "loss_scales": tr.scales, "skipped": tr.skipped}
-
-
-def link_summary(events, n, ranks_per_node) -> dict:
-    """Bytes a traced step sent between nodes and inside them (``trace.link_bytes``), all ranks
-    together and between nodes per rank."""
-    from ..trace import link_bytes
-
-    return dict(link_bytes(events), inter_per_rank=[link_bytes(events, r)["inter"] for r in range(n)])
-
-
-def expert_line(experts) -> str:
-    """The progress line's MoE part: tokens per expert (fewest .. most, over every layer) and
-    the tokens dropped (assignments over capacity, all layers)."""
-    if not experts:
-        return ""
-    kept = [k for e in experts.values() for k in e["kept"]]
-    routed = sum(sum(e["routed"]) for e in experts.values())
-    dropped = routed - sum(kept)
-    return f"  tokens/expert {min(kept)}..{max(kept)}  dropped {dropped} ({dropped / routed:.1%})"
-
-
-# a flag of ``train`` that the checkpoint fixes: where its value is in the checkpoint's index
-FIXED_BY_CHECKPOINT = {"d_model": ("model", "d_model"), "layers": ("model", "n_layers"), "heads": ("model", "n_heads"),
-                       "seq_len": ("model", "seq_len"), "experts": ("model", "n_experts"), "top_k": ("model", "top_k"),
-                       "batch": ("train", "batch"), "lr": ("train", "lr"), "clip": ("train", "clip")}
-
-
-def contradicts(args, index):
-    """Refuse a flag given with ``--resume`` that says otherwise than the checkpoint (the model and
-    its training settings come from the checkpoint; silently ignoring the flag would train
-    something else than asked). A flag left at its default, or equal to the checkpoint's, is fine."""
-    defaults = args.defaults_of_train
-    for flag, (part, key) in FIXED_BY_CHECKPOINT.items():
-        given, saved = getattr(args, flag), index.get(part, {}).get(key)
-        if saved is not None and given != defaults[flag] and given != saved:
-            name = "--" + flag.replace("_", "-")
-            raise UsageError(f"{name}={given}: the checkpoint {args.resume} was trained with {key}={saved}, and a resumed "
-                             f"run continues it as it is; drop {name}, or start a new run without --resume")
-
-
-def resumed_precision(args, index) -> str:
-    """The precision a resumed run trains in: the checkpoint's, or another one said with
-    ``--precision``; never another one by default (fp64 after a bf16 run would quietly change
-    every number)."""
-    saved = saved_precision(index)
-    if args.precision is None and saved != "fp64":
-        raise UsageError(f"{args.resume} was trained with --precision {saved}; say --precision {saved} to continue "
-                         f"it, or another --precision to switch (the master weights carry over)")
-    return args.precision or saved
-
-
-def saved_precision(index) -> str:
-    """A checkpoint's precision (written before --precision: its dtype's)."""
-    train = index.get("train", {})
-    return train.get("precision") or {dtype: p for p, dtype in COMPUTE.items()}.get(train.get("dtype"), "fp64")
-
-
 def cmd_train(args) -> int:
     from ..launcher import launch
     from ..trace import write_chrome_trace
+    from ..train.run import link_summary
 
     try:
         cfg = config_from(args)
         if args.resume:
-            from ..train.checkpoint import read_index
+            from ..train import checkpoint
 
-            _, index = read_index(args.resume)
-            contradicts(args, index)
+            _, index = checkpoint.read_index(args.resume)
+            checkpoint.refuse_contradictions(said_flags(args), index, args.resume)
             cfg = cfg.with_(model=GPTConfig(**index["model"]), batch=index["train"]["batch"],
-                            precision=resumed_precision(args, index))
+                            precision=checkpoint.resumed_precision(args.precision, index, args.resume))
             if args.steps <= index.get("step", 0):
                 raise UsageError(f"--steps={args.steps}: the checkpoint is at step {index['step']}, so it trains "
                                  f"until a later step (--steps > {index['step']})")
-        check_shapes(cfg, args.n)
+        parallelize(cfg, args.n)  # every shape checked before a rank starts (the ranks read the same plan)
         if cfg.model.num_params() > MAX_PARAMS:
             raise UsageError(f"the model has {cfg.model.num_params():,} parameters: at most {MAX_PARAMS:,} "
                              f"are trained on this machine (lower --layers / --d-model)")
         if args.save_every < 0:
             raise UsageError(f"--save-every={args.save_every}: must be >= 0")
-        device = _device(args)
+        device = checked_device(args)
     except (UsageError, OSError) as err:
         print(f"minipar train: error: {err}", file=sys.stderr)
         return 2
@@ -328,7 +274,7 @@ def cmd_train(args) -> int:
           f"({args.backend}{', ' + (device or 'cpu') if args.backend == 'torch' else ''})",
           flush=True)
     try:
-        out = launch(args.n, "minipar.cli.train:run_rank", backend=args.backend, device=device, quiet=False, cfg=cfg,
+        out = launch(args.n, "minipar.train.run:run_rank", backend=args.backend, device=device, quiet=False, cfg=cfg,
                      job_timeout=7 * 24 * 3600.0, save=args.save, save_every=args.save_every, resume=args.resume,
                      traced=bool(args.trace) or bool(cfg.ranks_per_node))
     except LaunchError as err:
@@ -364,7 +310,7 @@ def cmd_train(args) -> int:
               f"between nodes, per rank: {' '.join(f'{b:,}' for b in links['inter_per_rank'])}")
     ok = True
     if args.compare:
-        from ..train.reference import train_reference
+        from ..train.reference import train_dense
 
         from ..train.precision import tolerances
 
@@ -372,7 +318,7 @@ def cmd_train(args) -> int:
         refs = [("one process", cfg.with_(precision="fp64"), f64)]
         if cfg.precision != "fp64":  # and one process computing as the grid does
             refs.insert(0, (f"one process {cfg.precision}", cfg, same))
-        runs = [(name, train_reference(c, steps=start + len(losses), progress=progress)[0][start:], tol)
+        runs = [(name, train_dense(c, steps=start + len(losses), progress=progress)[0][start:], tol)
                 for name, c, tol in refs]
         print(f"\n{'step':>5} {'this grid':>20}" + "".join(f" {name:>20}" for name, *_ in runs))
         for i, a in enumerate(losses):
@@ -392,45 +338,9 @@ def cmd_train(args) -> int:
     return 0 if ok else 1
 
 
-def _device(args) -> str | None:
-    """``--device``, checked before any rank starts: cuda needs the torch backend and a GPU."""
-    from ..comm import check_backend
-
-    if args.device == "cpu":
-        return None
-    check_backend(args.backend, args.device)
-    from ..comm.torch_backend import require_gpu
-
-    require_gpu()
-    return args.device
-
-
-def launch_failed(verb, err, echoed) -> int:
-    """A job whose ranks failed: what they printed once (unless it was already echoed as it ran),
-    then the one line saying what went wrong; exit 1. A rank's UsageError goes on to ``main``."""
-    if err.usage:
-        raise err
-    if not echoed and err.output:
-        print(err.output.rstrip("\n"), file=sys.stderr)
-    print(f"minipar {verb}: error: {err.line}", file=sys.stderr)
-    return 1
-
-
 # ----------------------------------------------------------------------------- generate
 
 PROMPTS = ["41930>", "8812>", "70546>", "392>", "615073>"]
-
-
-def generate_rank(comm, directory, prompts, tokens):
-    from ..train.data import encode
-    from ..train.generate import generate, load_model
-
-    model, _ = load_model(comm, directory)
-    out = []
-    for text in prompts:
-        ids, per_token = generate(comm, model, encode(text)[None, :], tokens)
-        out.append((ids[0].tolist(), per_token))
-    return out
 
 
 def cmd_generate(args) -> int:
@@ -471,7 +381,7 @@ def cmd_generate(args) -> int:
         print(f"minipar generate: error: {err}", file=sys.stderr)
         return 2
     try:
-        out = launch(args.n, "minipar.cli.train:generate_rank", backend=args.backend, quiet=True, job_timeout=3600.0,
+        out = launch(args.n, "minipar.train.generate:generate_rank", backend=args.backend, quiet=True, job_timeout=3600.0,
                      directory=args.checkpoint, prompts=prompts, tokens=args.tokens)
     except LaunchError as err:
         return launch_failed("generate", err, echoed=False)

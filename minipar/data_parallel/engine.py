@@ -11,10 +11,10 @@ from __future__ import annotations
 from math import prod
 
 from ..memory import Ledger
-from ..mixed_precision import MASTER, FlatAdam, astype, working_dtype
+from ..mixed_precision import MASTER, FlatAdam, astype, policy, working_dtype
 from ..nn import mse_loss
 from ..optim import Adam
-from ..xp import chunk_bounds, itemsize, namespace, zeros
+from ..xp import chunk_bounds, dtype_named, itemsize, namespace, zeros
 
 TAG = 2000  # non-blocking rings: TAG + bucket (or unit) index
 
@@ -121,12 +121,13 @@ class Engine:
     stage = 0
 
     def __init__(self, comm, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 mixed=False, offload=False, loss=mse_loss, main_grad=False):
-        """``mixed``: False (everything in the parameters' dtype), True (a float16 working copy,
-        float32 master weights and Adam state) or the name of the working dtype ("bfloat16").
-        ``main_grad``: with ``mixed``, the gradients are kept in float32 (Megatron's main_grad:
-        every micro-batch's gradient is added into them, and they are averaged in float32) instead
-        of in the working dtype."""
+                 precision=None, offload=False, loss=mse_loss, main_grad=False):
+        """``precision``: None, or a precision (a ``minipar.mixed_precision.Policy``, or its name:
+        "fp64", "fp32", "bf16", "fp16"). A 16-bit one (bf16, fp16) makes the engine mixed: a
+        working copy in its compute dtype, float32 master weights and Adam state; any other keeps
+        everything in the parameters' dtype. ``main_grad``: mixed, the gradients are kept in float32
+        (Megatron's main_grad: every micro-batch's gradient is added into them, and they are
+        averaged in float32) instead of in the working dtype."""
         self.comm, self.model, self.loss = comm, model, loss
         self.layers = list(model.children().items())  # (name, module), run in this order
         self.units = [name for name, m in self.layers if m.num_params()]
@@ -134,9 +135,11 @@ class Engine:
         # a one-element array with a parameter's dtype and device: holding the parameter itself would keep
         # a stale copy of it alive once the engine has moved the weights into its flat buffers
         self.like = zeros((1,), like=next(p for _, p in model.named_parameters()))
-        self.dtype = working_dtype(self.like, mixed)
+        self.precision = policy(precision) if precision is not None else None
+        mixed = bool(self.precision and self.precision.mixed)
+        self.dtype = working_dtype(self.like, self.precision)
         self.b_work = itemsize(zeros((1,), like=self.like, dtype=self.dtype))  # bytes per working param
-        self.grad_dtype = working_dtype(self.like, MASTER) if mixed and main_grad else self.dtype
+        self.grad_dtype = dtype_named(MASTER, self.like) if mixed and main_grad else self.dtype
         self.b_grad = itemsize(zeros((1,), like=self.like, dtype=self.grad_dtype))
         self.adam = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, mixed=mixed, offload=offload)
         self.ledger = Ledger(comm.tracer.buffers)  # tracks the engine's arrays; names its buffers

@@ -282,7 +282,7 @@ def figure_runs(comm, steps=5, grids=GRIDS8, modes=MODES, mode_grids=None, trace
     "memory" {label: {mode: [(coords, measured, formula)]}}, "trace" (events), "traced",
     "groups" [(world rank, coords, {axis: world ranks})] of the traced grid, "generation"
     {tp: (texts, seconds per token)}."""
-    from ..train.reference import train_reference
+    from ..train.reference import train_dense
     from ..train.trainer import Trainer, train
     from ..trace import merge
 
@@ -290,7 +290,7 @@ def figure_runs(comm, steps=5, grids=GRIDS8, modes=MODES, mode_grids=None, trace
     ref = None
     for i, (dp, pp, tp, schedule, sp) in enumerate(grids):
         cfg = grid_config(dp, pp, tp, schedule, sp, steps, data=data)
-        ref = ref or train_reference(cfg)
+        ref = ref or train_dense(cfg)
         sub = first_ranks(comm, dp * pp * tp, f"grid{i}")
         if sub is not None:
             is_traced = (dp, pp, tp) == tuple(traced)

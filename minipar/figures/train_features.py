@@ -27,10 +27,10 @@ import sys
 import numpy as np
 
 from ..lessons.train import first_ranks, label, row, wait_politely
+from ..mixed_precision import PRECISIONS
 from . import DEFAULT_OUT, pyplot, save
 from .train import N, checked_run, grid_config
 
-PRECISIONS = ("fp64", "fp32", "bf16", "fp16")
 PRECISION_COLORS = {"fp64": "#222222", "fp32": "#4C72B0", "bf16": "#DD8452", "fp16": "#55A868"}
 
 
@@ -41,14 +41,14 @@ def precision_runs(comm, steps=12, grid=(2, 2, 2, "1f1b", False), data="sorting"
     {"rows"} and on world rank 0 also "curves" {precision: (grid losses, one-process losses)}."""
     from ..lessons.common import rel_error
     from ..train.precision import tolerances
-    from ..train.reference import train_reference
+    from ..train.reference import train_dense
     from ..train.trainer import train
 
     dp, pp, tp, schedule, sp = grid
     rows, curves = [], {}
     for p in PRECISIONS:
         cfg = grid_config(dp, pp, tp, schedule, sp, steps, data=data).with_(precision=p)
-        ref, _ = train_reference(cfg)
+        ref, _ = train_dense(cfg)
         sub = first_ranks(comm, dp * pp * tp, f"precision-{p}")
         if sub is not None:
             _, losses, _ = train(sub, cfg)
@@ -105,13 +105,13 @@ def clip_runs(comm, steps=3, grid=(2, 2, 2, "1f1b", False), clip=0.5, bugs=CLIP_
     "clip", "grid" (its label)."""
     from ..lessons.common import rel_error
     from ..train.mutants import planted
-    from ..train.reference import train_reference
+    from ..train.reference import train_dense
     from ..train.trainer import train
 
     dp, pp, tp, schedule, sp = grid
     cfg = grid_config(dp, pp, tp, schedule, sp, steps, data=data).with_(clip=clip)
     ref = []
-    train_reference(cfg, norms=ref)
+    train_dense(cfg, norms=ref)
     rows, norms = [], {"one process": ref}
     sub = first_ranks(comm, dp * pp * tp, "clip")
     if sub is not None:

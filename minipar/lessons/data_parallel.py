@@ -80,12 +80,12 @@ def verify(comm, steps=3, seed=0, lr=1e-2):
     no_prefetch = train(ZeRO(comm, model(), 3, lr=lr, prefetch=False), x, y, steps)
     rows.append(row("ZeRO-3 without prefetch == with (bitwise)", max_error(no_prefetch, got["ZeRO-3"]), 0.0))
 
-    mixed = {s: train(ZeRO(comm, model(), s, lr=lr, mixed=True), x, y, steps) for s in (0, 1, 2, 3)}
+    mixed = {s: train(ZeRO(comm, model(), s, lr=lr, precision="fp16"), x, y, steps) for s in (0, 1, 2, 3)}
     for s in (1, 2, 3):
         rows.append(row(f"ZeRO-{s} == DDP (bitwise, mixed float16/fp32)", max_error(mixed[s], mixed[0]), 0.0))
     rows.append(row(f"mixed precision DDP == one process (float16 weights: {MIXED_TOL:.0e})", max_error(mixed[0], ref),
                     MIXED_TOL))
-    off = train(ZeRO(comm, model(), 2, lr=lr, mixed=True, offload=True), x, y, steps)
+    off = train(ZeRO(comm, model(), 2, lr=lr, precision="fp16", offload=True), x, y, steps)
     rows.append(row("ZeRO-Offload == ZeRO-2 (bitwise, mixed)", max_error(off, mixed[2]), 0.0))
 
     everyone = comm.builtin.allgather_object({k: got[k] for k in ("DDP, buckets + overlap", "ZeRO-3")})
@@ -103,7 +103,7 @@ def memory(comm, units=4, width=34, batch=8, mixed=True, steps=2, seed=0):
     x, y = make_data(comm, seed + 1, batch, width, width)
     out = []
     for stage in (0, 1, 2, 3):
-        engine = ZeRO(comm, uniform_model(units, width, seed).to(x), stage, mixed=mixed)
+        engine = ZeRO(comm, uniform_model(units, width, seed).to(x), stage, precision="fp16" if mixed else None)
         for _ in range(steps):
             engine.train_step(local_batch(comm, x), local_batch(comm, y))
         out.append({"stage": stage, "measured": engine.measured_memory(), "predicted": engine.predicted_memory(),
@@ -126,9 +126,10 @@ def traffic(comm, units=4, width=34, batch=8, mixed=False, seed=0):
     factor x (N-1) ring steps x the padded shard n_pad/N of each buffer x bytes/param) and "paper"
     (factor x (N-1)/N x Psi x bytes/param, no padding)."""
     x, y = make_data(comm, seed + 1, batch, width, width)
-    make = {"DDP": lambda m: DDP(comm, m, mixed=mixed),
-            "DDP buckets+overlap": lambda m: DDP(comm, m, bucket_bytes=2 * width * width, overlap=True, mixed=mixed),
-            **{f"ZeRO-{s}": (lambda s: lambda m: ZeRO(comm, m, s, mixed=mixed))(s) for s in (1, 2, 3)}}
+    precision = "fp16" if mixed else None
+    make = {"DDP": lambda m: DDP(comm, m, precision=precision),
+            "DDP buckets+overlap": lambda m: DDP(comm, m, bucket_bytes=2 * width * width, overlap=True, precision=precision),
+            **{f"ZeRO-{s}": (lambda s: lambda m: ZeRO(comm, m, s, precision=precision))(s) for s in (1, 2, 3)}}
     out = []
     for name, fn in make.items():
         engine = fn(uniform_model(units, width, seed).to(x))

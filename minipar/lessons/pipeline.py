@@ -16,7 +16,7 @@ import numpy as np
 
 from ..pipeline import make_schedule, simulate, theory_bubble_fraction
 from ..pipeline.execute import (build_stages, measured_bubble, measured_costs, measured_durations,
-                                reference_step, run_schedule)
+                                dense_step, run_schedule)
 from ..trace import merge
 from .common import rel_error
 from .pipeline_async import check_async
@@ -55,7 +55,7 @@ def run_one(comm, schedule, layers=8, width=16, b=3, seed=0, scale=None):
     ts = [comm.asarray(t[i * b:(i + 1) * b]) for i in range(m)]
     out = run_schedule(comm, schedule, mine, xs, ts, scale=scale)
     ref = build_stages(S, layers, width, np.random.default_rng([seed, 0]))   # NumPy, float64
-    ref_loss = reference_step(ref, x, t)
+    ref_loss = dense_step(ref, x, t)
     return out, mine, ref, ref_loss
 
 

@@ -22,8 +22,8 @@ dense GPT trained in one process on the same batches (computed on every rank, it
     dropout        (``dropout``) nothing more to compare: every rank draws one process's masks for
                    what it holds (``minipar.nn.dropout``), so the checks above hold with it on
 
-``check_zero`` runs ZeRO-0 ... 3 (and ZeRO-3 ``reshard`` with a pipeline) on each grid and
-compares them with each other, the memory ledger and the dp bytes with the formulas.
+ZeRO's checks on these grids (ZeRO-0 ... 3 against each other, the ledger and the dp bytes against
+the formulas) are ``minipar.lessons.train_zero``'s; mixed precision's ``minipar.lessons.train_precision``'s.
 """
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ ODD = dict(vocab=24, d_model=12, n_heads=6, n_layers=6, seq_len=6)
 # context and expert parallelism: 4 layers (2 over pp = 2 interleaved), 4 experts of width 64
 SHORT = dict(SMALL, n_layers=4)
 MOE = dict(SHORT, n_experts=4, top_k=2)
+# the checks' run: a few steps of a small batch (``TrainConfig``'s defaults are ``minipar train``'s run)
+CHECKS = dict(steps=5, batch=16, lr=1e-3)
 
 
 def row(what, error, tol):
@@ -50,10 +52,12 @@ def row(what, error, tol):
 
 
 def make_config(model=None, **kw):
+    """A ``TrainConfig`` of the checks: the ``model`` (a dict of GPTConfig fields, default SMALL),
+    ``CHECKS``' steps, batch and lr unless given, and any other field in ``kw``."""
     from ..train.model import GPTConfig
     from ..train.trainer import TrainConfig
 
-    return TrainConfig(GPTConfig(**(model or SMALL)), **kw)
+    return TrainConfig(GPTConfig(**(model or SMALL)), **dict(CHECKS, **kw))
 
 
 def label(cfg) -> str:
@@ -152,18 +156,18 @@ def check_grids(comm, configs, steps=5, mutant=None):
     float32's noise level moves by up to lr = 1e-3 in a direction the rounding decides (a few
     such elements in 5 steps give ~3e-5 relative to the largest weight)."""
     from ..train.mutants import planted
-    from ..train.reference import train_reference
+    from ..train.reference import train_dense
     from ..train.trainer import train
 
     refs, rows = {}, []
     for i, kw in enumerate(configs):
         cfg = make_config(**dict(kw, steps=steps))
         key = (cfg.model, cfg.batch, cfg.lr, cfg.seed, cfg.data_seed, steps, cfg.clip, cfg.clip_norm_type, cfg.dropout)
-        if cfg.model.n_experts:  # the routing groups follow the grid (train_reference)
+        if cfg.model.n_experts:  # the routing groups follow the grid (train_dense)
             key += (cfg.dp, cfg.microbatches)
         if key not in refs:
             record, norms = [], []
-            refs[key] = train_reference(cfg.with_(precision="fp64"), record=record, norms=norms) + (record, norms)
+            refs[key] = train_dense(cfg.with_(precision="fp64"), record=record, norms=norms) + (record, norms)
         sub = first_ranks(comm, ranks_of(cfg), f"cfg{i}")
         if sub is not None:
             with planted(mutant):
@@ -191,7 +195,7 @@ def dp_units(tr):
     dp x cp (the experts' engine, a group of one, sends nothing); stages None without ZeRO."""
     engines = [e for e in tr.engines if e.model is not tr.experts]
     sizes = [f.n_pad for e in engines for f, _, _ in e.optimizer_parts()]
-    stages = [int(u.split(".")[0][1:]) for e in engines for u in getattr(e, "flats", {})]  # "s3.h" -> 3
+    stages = [tr.unit_stage[u] for e in engines for u in getattr(e, "flats", {})]  # each unit's pipeline stage
     return sizes, stages or None
 
 
@@ -366,88 +370,4 @@ def tour(comm):
         if comm.rank == 0:
             rows.append(row("planted bug (tied gradient not summed) caught by the tied-copies check",
                             0.0 if bad and not any(r["ok"] for r in bad) else 1.0, 0.0))
-    return rows
-
-
-def zero_stages(cfg) -> list:
-    """The ZeRO stages to compare on ``cfg``'s grid: 0, 1, 2, 3; with a pipeline also ZeRO-3
-    resharding around every action, as (zero, reshard) pairs."""
-    return [(z, False) for z in (0, 1, 2, 3)] + ([(3, True)] if cfg.pp > 1 else [])
-
-
-def check_zero(comm, configs, steps=2, mutant=None):
-    """ZeRO-0 ... 3 on each grid of ``configs`` (dicts as for :func:`check_grids`; ``mutant``
-    planted into the stages >= 2 only), every rank's rows:
-
-    losses      ZeRO-2 and 3 bitwise equal to ZeRO-1 (the same reduce-scatter per unit, then the
-                same elementwise Adam), and to ZeRO-0 (DDP: one bucket, another order) 1e-12
-    weights     the final weights bitwise ZeRO-1's (each replica's, ZeRO-3 gathered for reading)
-    memory      each engine's peak params / grads / optimizer bytes = ``zero_bytes`` of its stage
-                with the padding, the full gradients open until the flush and (ZeRO-3) the
-                weights gathered: every unit once per step, or one stage's units resharding
-    dp bytes    sent over dp x cp in one traced step = ``accounting.comm_bytes`` (RS + AG per
-                unit; resharding: an AG per action), and the all-gathers counted per step
-    """
-    from ..train.mutants import planted
-    from ..train.trainer import Trainer, train
-
-    rows = []
-    for i, kw in enumerate(configs):
-        base = make_config(**dict(kw, steps=steps))
-        sub = first_ranks(comm, ranks_of(base), f"zero{i}")
-        if sub is not None:
-            runs = {}
-            for zero, reshard in zero_stages(base):
-                cfg = base.with_(zero=zero, reshard=reshard)
-                with planted(mutant if zero >= 2 else None):
-                    tr, losses, _ = train(sub, cfg)
-                    params = tr.local_params()
-                    runs[zero, reshard] = losses, params
-                    what = label(cfg)
-                    if zero >= 2:
-                        ref_losses, ref_params = runs[1, False]
-                        same = losses == ref_losses and all(np.array_equal(a, ref_params[n]) for n, a in params.items())
-                        rows.append(row(f"{what}: losses and weights bitwise ZeRO-1's", 0.0 if same else 1.0, 0.0))
-                    if zero:
-                        rows.append(row(f"{what}: losses = ZeRO-0's", rel_error(np.array(losses),
-                                                                                np.array(runs[0, False][0])), TOL))
-                    rows += ledger_rows(what, tr)
-                    fresh = Trainer(sub, cfg.with_(steps=1))
-                    sub.tracer.clear()
-                    sub.tracer.enabled = True
-                    fresh.step(0)
-                    sub.tracer.enabled = False
-                    rows += dp_traffic_rows(sub, cfg, fresh, not fresh.skipped, memory=tr.memory())
-                    sub.tracer.clear()
-        wait_politely(comm)
-    return rows
-
-
-def ledger_rows(what, tr):
-    """Each of ``tr``'s engines: its peak params / grads / optimizer bytes = ``zero_bytes`` of its
-    stage (the padding, the full gradients open until the flush, ZeRO-3's gathered weights)."""
-    keys = ("params_bytes", "grads_bytes", "optimizer_bytes")
-    return [row(f"{what}: {type(e).__name__} params, grads, optimizer bytes = zero_bytes",
-                max(abs(e.measured_memory()[k] - e.predicted_memory()[k]) for k in keys), 0) for e in tr.engines]
-
-
-def dp_traffic_rows(sub, cfg, tr, stepped=True, **extra):
-    """The step of ``tr`` traced in ``sub.tracer``: the bytes this rank sent over dp x cp =
-    ``accounting.comm_bytes`` (``stepped``: the step updated; fp16 skips one on an overflow) and,
-    with ZeRO-3, its all-gathers = ``accounting.unit_gathers``. The first row carries dp_bytes,
-    gathers and ``extra`` (docs/train.md's table)."""
-    from ..train import accounting as acc
-
-    me = sub.world_rank(sub.rank)
-    gathers = sum(1 for ev in sub.tracer.events
-                  if ev.rank == me and ev.kind == "collective" and ev.name == "all_gather:ring")
-    units, stages = dp_units(tr)
-    dp = acc.measured_comm(sub.tracer.events, me)["dp"]
-    want = acc.comm_bytes(cfg, tr.grid.coords, units, stages, stepped)["dp"]
-    what = label(cfg)
-    rows = [dict(row(f"{what}: dp bytes per step = formula", abs(dp - want), 0), dp_bytes=dp, gathers=gathers, **extra)]
-    if cfg.zero == 3:
-        want = sum(acc.unit_gathers(cfg, tr.grid.coords, int(u.split(".")[0][1:]))
-                   for e in tr.engines for u in e.flats)  # the experts' too (no bytes: a group of one)
-        rows.append(row(f"{what}: all-gathers per step = formula", abs(gathers - want), 0))
     return rows

@@ -36,7 +36,8 @@ import numpy as np
 
 from ..memory import Precision
 from .common import rel_error
-from .train import dp_traffic_rows, first_ranks, label, ledger_rows, make_config, ranks_of, row, wait_politely
+from .train import first_ranks, label, make_config, ranks_of, row, wait_politely
+from .train_zero import dp_traffic_rows, ledger_rows
 from .train_precision import compared_rows, reference
 
 FEATURES = {

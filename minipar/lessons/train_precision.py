@@ -42,11 +42,11 @@ def reference(cfg) -> dict:
     """One process trained as ``cfg`` says, at its precision: {"losses", "params", "record" (tokens
     per expert), "norms" (with clip), "skipped" (fp16's skipped steps), "f64" (the losses of one
     float64 process; None in float64, and when a step was skipped, as float64 takes every step)}."""
-    from ..train.reference import train_reference
+    from ..train.reference import train_dense
 
     record, norms, skipped = [], [], []
-    losses, params = train_reference(cfg, record=record, norms=norms, skipped=skipped)
-    f64 = train_reference(cfg.with_(precision="fp64"))[0] if not skipped and cfg.precision != "fp64" else None
+    losses, params = train_dense(cfg, record=record, norms=norms, skipped=skipped)
+    f64 = train_dense(cfg.with_(precision="fp64"))[0] if not skipped and cfg.precision != "fp64" else None
     return dict(losses=losses, params=params, record=record, norms=norms, skipped=skipped, f64=f64)
 
 

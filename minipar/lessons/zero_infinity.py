@@ -67,7 +67,8 @@ def offload(comm, units=4, width=256, batch=12, steps=2, seed=0, path=None):
     rows = [row("NVMe offload == CPU offload (bitwise, float64: the same NumPy update)", max_error(got["nvme"], got["cpu"]), 0.0)]
     xs, ys = make_data(comm, seed + 2, batch, 34, 34)
     side = NVMe()
-    small = {name: train(ZeRO(comm, uniform_model(seed=seed).to(xs), 2, mixed=mixed, offload=off), xs, ys, steps)
+    small = {name: train(ZeRO(comm, uniform_model(seed=seed).to(xs), 2, precision="fp16" if mixed else None, offload=off),
+                       xs, ys, steps)
              for name, mixed, off in (("ram", False, False), ("nvme", False, side), ("cpu mixed", True, "cpu"),
                                       ("nvme mixed", True, side))}
     side.close()

@@ -49,7 +49,7 @@ import numpy as np
 from ..nn import Module, gelu_forward, mse_loss
 from ..optim import sgd_step
 from ..xp import chunk_bounds, copy, is_torch, nbytes, to_numpy
-from .execute import act_tag, grad_tag, reference_step, run_schedule
+from .execute import act_tag, grad_tag, dense_step, run_schedule
 from .schedules import make_schedule, one_f_one_b
 
 __all__ = ["teacher_data", "forward_loss", "train_dense", "train_async_dense", "train_flush",
@@ -120,7 +120,7 @@ def train_dense(stages, xs, ts, m: int, lr: float) -> list[float]:
     for k in range(len(xs) // m):
         for mod in stages:
             mod.zero_grad()
-        losses.append(reference_step(stages, cat(xs[k * m:(k + 1) * m]), cat(ts[k * m:(k + 1) * m])))
+        losses.append(dense_step(stages, cat(xs[k * m:(k + 1) * m]), cat(ts[k * m:(k + 1) * m])))
         for mod in stages:
             _sgd(mod, lr)
     return losses
@@ -281,7 +281,7 @@ def stashed_gradient_error(comm, stages_like, rec, xs, ts) -> float:
             for name, a in mod.named_parameters():
                 a[...] = params[name]
             mod.zero_grad()
-        reference_step(stages_like, to_numpy(xs[i]), to_numpy(ts[i]))
+        dense_step(stages_like, to_numpy(xs[i]), to_numpy(ts[i]))
         for s, mod in enumerate(stages_like):
             got = dict(everyone[s][1][i])
             for name, want in mod.named_grads():

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from ..comm.link import LINKS, Link
 from ..errors import UsageError
-from ..memory import PRECISIONS
+from ..memory import WEIGHT_DTYPES
 from .machine import load
 
 GiB = 2**30
@@ -239,8 +239,8 @@ def hardware_from_dict(d: dict, path: str = "hardware file") -> Hardware:
     if not isinstance(peaks, dict) or not peaks:
         raise UsageError(f"{path}: peak_flops must be a table of dtype = FLOP/s, e.g. bf16 = 989e12, got {peaks!r}")
     for k, v in peaks.items():
-        if k not in PRECISIONS:
-            raise UsageError(f"{path}: peak_flops.{k}: the dtypes are {', '.join(PRECISIONS)}")
+        if k not in WEIGHT_DTYPES:
+            raise UsageError(f"{path}: peak_flops.{k}: the dtypes are {', '.join(WEIGHT_DTYPES)}")
         _positive(path, f"peak_flops.{k}", v)
     base = peaks.get("bf16", peaks.get("fp16"))
     if base is None:

@@ -7,10 +7,14 @@
     model.py      the GPT (dense reference) and one pipeline stage of it on a TP group
     data.py       the sorting task, tokenized by character; batches as a function of the step
     config.py     TrainConfig (a ``minipar.layout.Layout``: the grid dp x pp x cp x tp, schedule,
-                  ...; plus model, data) and check_shapes
+                  ...; plus model, data; its defaults are minipar train's) and check_shapes
+    parallelize.py  the run's plan, resolved once: the precision's policy, the ZeRO stage's engine,
+                  the schedule, every group with the full coordinate; the stages and engines it builds
     trainer.py    the step composing TP layers, CP attention, experts, the pipeline executor and
-                  the DP/ZeRO engine
-    reference.py  the one-process reference every grid must reproduce: the same steps, dense
+                  the DP/ZeRO engine, and the loop (``train``)
+    gradients.py  after the flush: the global norm (every parameter once), the clip, fp16's unscaling
+    run.py        what every rank of ``minipar train`` runs: the loop, a progress line per step
+    reference.py  the one-process reference every grid must reproduce: the same steps, dense (train_dense)
     experts.py    the mixture-of-experts bookkeeping: expert units, what the MoE layers report
     precision.py  mixed precision: which dtype computes and which keeps, fp16's dynamic loss scale,
                   the tolerances per precision

@@ -2,6 +2,7 @@
 
     activation_peak(cfg, coords)   bytes of activations held between pipeline actions, at the peak
     comm_bytes(cfg, coords)        bytes sent per step, by group: {"tp", "pp", "dp", "emb", "cp"}
+    held_bytes(held), measured_comm(events, rank)   what a run measures, to compare with them
 
 Notation (docs/train.md): b micro-batch rows, T tokens of a rank (the sequence length over cp),
 C width, H MLP width, a heads, V vocab, t = tp, Ts = T/t with sequence parallelism (else T),
@@ -41,16 +42,15 @@ in-flight count.
 from __future__ import annotations
 
 from ..activations import block_input, drop_scores, minipar_block, minipar_ends
-from ..pipeline.schedules import make_schedule
-
-
-WORKING_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}  # bytes of a weight in each compute dtype
+from ..xp import storage
+from ..mixed_precision import BYTES as WORKING_BYTES  # noqa: F401 (bytes of an element of each dtype, re-exported)
+from .parallelize import parallelize
 
 
 def master_bytes(cfg) -> int:
     """Bytes of an element kept in the master dtype: 8 in float64, else 4 (float32, in a 16-bit run
     too): main_grad and what reduces it (dp, emb), and the cross-entropy's all-reduces."""
-    return 8 if cfg.dtype == "float64" else 4
+    return parallelize(cfg).precision.master_bytes
 
 
 def dims(cfg):
@@ -58,7 +58,7 @@ def dims(cfg):
     b = cfg.microbatch_size(cfg.batch)
     T = M.seq_len // cfg.cp  # my positions of each sequence
     Ts = T // cfg.tp if cfg.sequence_parallel else T
-    e = WORKING_BYTES[cfg.dtype]
+    e = parallelize(cfg).precision.compute_bytes
     return b, T, Ts, M.d_model, M.hidden, M.n_heads, M.vocab, cfg.tp, e
 
 
@@ -112,7 +112,7 @@ def stage_bytes(cfg, stage: int, n_stages: int):
 
 def activation_peak(cfg, coords) -> int:
     """The largest activation bytes held after any action of the rank at ``coords``."""
-    s = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
+    s = parallelize(cfg).schedule
     S = s.total_stages
     held, peak = {}, 0
     for act in s.actions[coords[1]]:
@@ -126,6 +126,26 @@ def activation_peak(cfg, coords) -> int:
             held.pop(key)
         peak = max(peak, sum(held.values()))
     return peak
+
+
+def arrays_in(obj):
+    """Every array inside nested dicts, tuples and lists (a forward context)."""
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from arrays_in(v)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            yield from arrays_in(v)
+    elif hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        yield obj
+
+
+def held_bytes(obj, exclude=()) -> int:
+    """What ``Trainer.sample`` measures: the bytes of the memory blocks the arrays inside ``obj``
+    live in, each block once (a view and its base count once); blocks whose key is in ``exclude``
+    (the parameters') not at all."""
+    blocks = dict(storage(a) for a in arrays_in(obj))
+    return sum(n for key, n in blocks.items() if key not in exclude)
 
 
 # --------------------------------------------------------------------------- communication
@@ -158,12 +178,12 @@ def unit_gathers(cfg, coords, stage, stepped=True) -> int:
     one (ZeRO-1 and 2 after the update, none in a step fp16 skipped; ZeRO-3 before the first
     micro-batch), or, ZeRO-3 resharding, one before each action of the stage (F and B; F, I and W
     with zb-h1): 2m or 3m."""
-    if cfg.zero in (1, 2):
+    plan = parallelize(cfg)
+    if plan.zero in (1, 2):
         return 1 if stepped else 0
-    if not cfg.reshard:
+    if not plan.reshard:
         return 1
-    s = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
-    return sum(1 for a in s.actions[coords[1]] if a.stage == stage)
+    return sum(1 for a in plan.schedule.actions[coords[1]] if a.stage == stage)
 
 
 def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None, stepped=True) -> dict:
@@ -184,7 +204,8 @@ def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None, stepped=True) -> 
     """
     b, T, Ts, C, H, a, V, t, e = dims(cfg)
     m, sp, f = cfg.microbatches, cfg.sequence_parallel, master_bytes(cfg)
-    s = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
+    plan = parallelize(cfg)
+    s = plan.schedule
     S, p = s.total_stages, coords[1]
     mine = [k for k in range(S) if s.stage_to_rank[k] == p]
     layers = cfg.model.n_layers // S * len(mine)
@@ -204,7 +225,7 @@ def comm_bytes(cfg, coords, unit_sizes=None, unit_stages=None, stepped=True) -> 
     d = cfg.dp * cfg.cp
     stages = unit_stages or [0] * len(unit_sizes or [])
     eg, ew = f, e  # gradients (main_grad), weights
-    if cfg.zero:  # reduce-scatter the gradients, all-gather the weights
+    if plan.zero:  # ZeRO-1, 2, 3: reduce-scatter the gradients, all-gather the weights
         dp = sum(ring("reduce_scatter", n, d, eg) + unit_gathers(cfg, coords, k, stepped) * ring("all_gather", n, d, ew)
                  for n, k in zip(unit_sizes or [], stages))
     else:

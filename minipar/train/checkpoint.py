@@ -53,6 +53,12 @@ from .model import GPT, GPTConfig, dense_name
 from .saving import FORMAT, named_modules
 
 READABLE = ("minipar-checkpoint/1", FORMAT)  # /1: written before the checksums
+# what a resumed run takes from its checkpoint: a field of TrainConfig (or of its model), and where
+# the index keeps it
+FIXED_BY_CHECKPOINT = {"model.d_model": ("model", "d_model"), "model.n_layers": ("model", "n_layers"),
+                       "model.n_heads": ("model", "n_heads"), "model.seq_len": ("model", "seq_len"),
+                       "model.n_experts": ("model", "n_experts"), "model.top_k": ("model", "top_k"),
+                       "batch": ("train", "batch"), "lr": ("train", "lr"), "clip": ("train", "clip")}
 
 
 def cut(full, axis, blocks, r, p):
@@ -211,3 +217,40 @@ def resume(comm, cfg, directory):
     if tr.scaler is not None and state:  # (a checkpoint of another precision has none: the scale starts afresh)
         tr.scaler.scale, tr.scaler.good = state["scale"], state["good"]
     return tr, index["step"]
+
+
+# ----------------------------------------------------------------------------- resuming from the command line
+
+
+def refuse_contradictions(said: dict, index, directory) -> None:
+    """Refuse a setting said with ``--resume`` that says otherwise than the checkpoint: the model and
+    its training settings come from the checkpoint, and silently ignoring the setting would train
+    something else than asked. ``said``: {field (``FIXED_BY_CHECKPOINT``'s): (flag, value)} of the
+    flags given, not left at their defaults; one equal to the checkpoint's is fine."""
+    for name, (part, key) in FIXED_BY_CHECKPOINT.items():
+        if name not in said:
+            continue
+        flag, given = said[name]
+        saved = index.get(part, {}).get(key)
+        if saved is not None and given != saved:
+            raise UsageError(f"{flag}={given}: the checkpoint {directory} was trained with {key}={saved}, and a resumed "
+                             f"run continues it as it is; drop {flag}, or start a new run without --resume")
+
+
+def resumed_precision(said, index, directory) -> str:
+    """The precision a resumed run trains in: the checkpoint's, or another one said (``said``; None
+    when ``--precision`` was not given); never another one by default (fp64 after a bf16 run would
+    quietly change every number)."""
+    saved = saved_precision(index)
+    if said is None and saved != "fp64":
+        raise UsageError(f"{directory} was trained with --precision {saved}; say --precision {saved} to continue "
+                         f"it, or another --precision to switch (the master weights carry over)")
+    return said or saved
+
+
+def saved_precision(index) -> str:
+    """A checkpoint's precision (written before --precision: its dtype's)."""
+    from ..mixed_precision import COMPUTE
+
+    train = index.get("train", {})
+    return train.get("precision") or {dtype: p for p, dtype in COMPUTE.items()}.get(train.get("dtype"), "fp64")

@@ -5,8 +5,10 @@
 
 A TrainConfig is a ``minipar.layout.Layout`` (dp, pp, tp, cp, schedule, micro-batches, chunks,
 ZeRO, recomputation, sequence parallelism: the fields the planner predicts, under the same names)
-plus the model, the data and the optimizer. The command line calls ``check_shapes`` before
-launching any rank, every rank again before building its stages (``minipar.train.trainer``).
+plus the model, the data and the optimizer. Its defaults are the one set: ``minipar train``'s
+flags are made from the fields (each field's default, and its help text, ``minipar.layout.knob``).
+``check_shapes`` is called by ``parallelize`` (``minipar.train.parallelize``): by the command line
+before launching any rank, by every rank again as it builds its trainer.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
 from ..grid import ORDER, parse_order
-from ..layout import Layout
+from ..layout import Layout, knob
 from ..nn.recompute import MODES as RECOMPUTE
 from .data import VOCAB, Data
 from .model import GPTConfig
@@ -29,24 +31,48 @@ DEFAULT_MODEL = dict(vocab=96, d_model=64, n_heads=8, n_layers=8, seq_len=32)
 
 @dataclass(frozen=True)
 class TrainConfig(Layout):
+    """A training run: a layout, the model, the data, the optimizer and the precision. Its defaults
+    are the one set: ``minipar train``'s flags are made from these fields (their defaults and help
+    texts, ``minipar.cli.train``); the lessons' checks say their own small settings
+    (``minipar.lessons.train.CHECKS``)."""
+
     model: GPTConfig = field(default_factory=GPTConfig)
-    steps: int = 5
-    batch: int = 16  # global batch, in samples of model.seq_len tokens
-    precision: str = "fp64"  # fp64 | fp32 | bf16 | fp16 (minipar.train.precision)
-    lr: float = 1e-3
+    steps: int = knob(300, "train until this step (default {default})")
+    batch: int = knob(32, "global batch in samples (default {default})")  # in samples of model.seq_len tokens
+    precision: str = knob("fp64", "{default} (default) or fp32: everything in it; bf16 or fp16: 16-bit weights and "
+                                  "activations, float32 gradients, master weights and Adam state (docs/train.md). "
+                                  "With --resume: the checkpoint's, and another only when said here")  # PRECISIONS
+    lr: float = knob(3e-3, "learning rate, > 0 and at most 10 (default {default})")
     seed: int = 0  # the model's initial weights
-    data: str = "random"  # "random" (checks) or "sorting" (the task)
+    data: str = "random"  # "random" (checks) or "sorting" (the task ``minipar train`` trains: it has no flag)
     data_seed: int = 1
-    cp_attention: str = "ring"  # the attention core over cp: "ring" or "ulysses"
-    clip: float | None = None  # clip the gradients to this global L2 norm before Adam (None: no clipping)
-    clip_norm_type: float = 2.0  # the clip's norm: 2.0 (L2) or inf (the largest |gradient element|), torch's norm_type
-    dropout: float = 0.0  # p of every dropout site (minipar.nn.dropout: the same masks on every grid)
-    loss_scale: str = "dynamic"  # fp16: "dynamic" (the only one it accepts) or "static"
-    initial_scale: float = 2.0**16  # fp16: the loss scale of the first step (torch.amp.GradScaler's default)
-    growth_interval: int = 2000  # fp16: clean steps in a row before the scale doubles
-    reshard: bool = False  # ZeRO-3: gather a stage's weights around every pipeline action, not once per step
-    order: str = ORDER  # how the grid's axes are laid out on the ranks, fastest first (Megatron's order string)
-    ranks_per_node: int = 0  # ranks on each node, in blocks (0: one node); the trace marks messages between nodes
+    cp_attention: str = knob("ring", "the attention core over cp (default {default})")  # "ring" or "ulysses"
+    clip: float | None = knob(None, "clip the gradients to this global L2 norm before Adam, every parameter counted "
+                                    "once (default: no clipping)")
+    # the clip's norm: 2.0 (L2) or inf (the largest |gradient element|), torch's norm_type
+    clip_norm_type: float = knob(2.0, "the clip's norm: 2, the L2 norm (default), or inf, the largest |gradient "
+                                      "element| over every rank")
+    # p of every dropout site (minipar.nn.dropout: the same masks on every grid)
+    dropout: float = knob(0.0, "drop activations with probability P in [0, 1) after the embedding, after attention, "
+                               "after the MLP and in its hidden layer, and the attention probabilities; each mask is "
+                               "a function of the element's global index: the same on every grid (default {default})")
+    loss_scale: str = knob("dynamic", "fp16 only: {default} (the default, and the only one fp16 accepts): halve on an "
+                                      "overflow, that step skipped on every rank; double after --growth-interval "
+                                      "clean steps")  # or "static"
+    # fp16: the loss scale of the first step (torch.amp.GradScaler's default)
+    initial_scale: float = knob(2.0**16, "fp16: the first step's loss scale, a power of 2 (default {default})")
+    growth_interval: int = knob(2000, "fp16: clean steps in a row before the loss scale doubles (default {default})")
+    # ZeRO-3: gather a stage's weights around every pipeline action, not once per step
+    reshard: bool = knob(False, "with --zero 3: gather a stage's weights before every pipeline action and free them "
+                                "after (2m gathers a step instead of one; docs/train.md says when that pays)")
+    # how the grid's axes are laid out on the ranks, fastest first (Megatron's order string)
+    order: str = knob(ORDER, "the grid's axes on the ranks, fastest first, as Megatron's order string (default "
+                             "{default}: TP partners on neighbouring ranks, inside a node; dp-tp-cp-pp puts DP inside, "
+                             "TP across)")
+    # ranks on each node, in blocks (0: one node); the trace marks messages between nodes
+    ranks_per_node: int = knob(0, "the ranks sit on nodes of R, in blocks (rank w on node w // R), as mpiexec's host "
+                                  "list and torchrun place them; one step is traced and the bytes sent between nodes "
+                                  "are reported (default {default}: one node)")
 
     def with_(self, **kw) -> "TrainConfig":
         return replace(self, **kw)
@@ -67,7 +93,7 @@ def make_data(cfg: TrainConfig) -> Data:
 def check_shapes(cfg: TrainConfig, world: int | None = None) -> None:
     """Raise UsageError naming the first dimension that does not fit the grid.
 
-    Pure: the command line calls it before launching, every rank again before building.
+    Pure: ``parallelize`` calls it, the command line before launching, every rank again.
     """
     m = cfg.model
     for name in ("dp", "pp", "tp", "cp", "microbatches", "steps", "batch"):

@@ -111,3 +111,17 @@ def generate(comm, model, prompt, n_new, use_cache=True, times=None):
             times.append((time.perf_counter() - w, time.process_time() - c))
     per_token = (time.perf_counter() - t0) / (n_new - 1) if n_new > 1 else 0.0
     return to_numpy(ids), per_token
+
+
+def generate_rank(comm, directory, prompts, tokens):
+    """What every rank runs for ``minipar generate``: the checkpoint in ``directory`` on the TP
+    group ``comm``, ``tokens`` new tokens after each of ``prompts`` (text). Returns [(ids, seconds
+    per token)] per prompt."""
+    from .data import encode
+
+    model, _ = load_model(comm, directory)
+    out = []
+    for text in prompts:
+        ids, per_token = generate(comm, model, encode(text)[None, :], tokens)
+        out.append((ids[0].tolist(), per_token))
+    return out

@@ -35,6 +35,7 @@ import numpy as np
 from .. import nn
 from ..context_parallel import ContextParallelPositionEmbedding, ContextParallelSelfAttention, SeqLayout
 from ..experts import ExpertParallelMoE, MoE
+from ..layout import knob
 from ..nn import recompute as rc
 from ..nn.dropout import AttentionDropout
 from ..tensor_parallel import ParallelBlock, SequenceParallelLayerNorm
@@ -51,10 +52,12 @@ class GPTConfig:
     n_layers: int = 8
     seq_len: int = 8  # T: tokens per sample (rows of wpe)
     d_hidden: int = 0  # MLP width; 0 means 4 C
-    n_experts: int = 0  # E > 0: every block's MLP is a mixture of E experts (minipar.experts)
-    top_k: int = 1  # experts per token
-    capacity_factor: float = 1.25  # an expert takes ceil(f k N / E) of a group's N tokens
-    aux_weight: float = 0.01  # the load-balancing loss's weight alpha
+    # E > 0: every block's MLP is a mixture of E experts (minipar.experts)
+    n_experts: int = knob(0, "E > 0: every MLP is a mixture of E experts, sharded over the dp ranks")
+    top_k: int = knob(1, "experts per token (default {default})")
+    # an expert takes ceil(f k N / E) of a group's N tokens
+    capacity_factor: float = knob(1.25, "tokens an expert takes: f x k x N / E (default {default})")
+    aux_weight: float = knob(0.01, "weight of the load-balancing loss (default {default})")  # alpha
 
     @property
     def hidden(self) -> int:

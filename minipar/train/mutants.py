@@ -130,7 +130,7 @@ def planted(name):
     from ..data_parallel import ddp
     from ..nn import recompute
     from ..tensor_parallel import vocab
-    from . import generate, model, trainer
+    from . import generate, model, parallelize, trainer
 
     saved = []
 
@@ -178,7 +178,7 @@ def planted(name):
         patch(trainer.Trainer, "sync_experts", sync_experts)
     elif name == "experts_everywhere":
         build = model.build_stage
-        patch(trainer, "build_stage", lambda *a, ep=None, **kw: build(*a, ep=None, **kw))
+        patch(parallelize, "build_stage", lambda *a, ep=None, **kw: build(*a, ep=None, **kw))
     elif name == "recompute_counted":
         original = trainer.Trainer.sample
         patch(trainer.Trainer, "sample", lambda self, action, held: original(self, action._replace(kind="F"), held))
@@ -270,7 +270,7 @@ def planted(name):
             original(self, action, held)
             if action.kind in "BW":  # this micro-batch's gradient: into the shards now, the buffers zeroed
                 for e in self.engines:
-                    for u, full in getattr(e, "full_grads", {}).items() if e.stage >= 2 else ():
+                    for u, full in getattr(e, "full_grads", {}).items() if self.plan.zero >= 2 else ():
                         e.grad_shards[u] += reduce_scatter(e.comm, full) / e.comm.size
                         full[...] = 0
 
@@ -287,8 +287,7 @@ def planted(name):
         def reshard_after(self, action, held):
             self._ctxs = held["ctx"]
             for e in self.zero3:
-                for u in self.stage_units(e, action.stage):
-                    e.free(u)
+                e.free_group(action.stage)  # freed here, but the context still holds the weights
 
         patch(trainer.Trainer, "reshard_after", reshard_after)
     try:

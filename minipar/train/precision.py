@@ -1,6 +1,7 @@
 """Mixed precision for the trainer: which dtype computes, which one keeps, and the fp16 loss scale.
 
     pol = policy("bf16")                  # compute "bfloat16", master "float32", mixed True
+    pol.scaled                            # False: only fp16 scales its loss
     scaler = LossScaler(2.0**16, growth_interval=2000)   # fp16 only: dynamic loss scaling
     scaler.update(found_inf)              # every rank, with the same world-wide flag
 
@@ -15,8 +16,9 @@ The 16-bit precisions are Megatron's: the forward and backward run on a 16-bit c
 weights; every micro-batch's weight gradient is added into a float32 gradient (Megatron's
 ``main_grad``); the reductions over dp (and the tied embedding's sum over the first and last
 stage) run on those float32 sums; Adam updates float32 master weights, which are rounded into the
-16-bit copy after each step. (``minipar.memory.Precision`` is the planner's table of the same
-bytes: ``Precision("bf16")`` is 2 + 4 + 12.)
+16-bit copy after each step. The names, their dtypes and ``Policy`` are ``minipar.mixed_precision``'s
+(the engines take the policy); ``minipar.memory.Precision`` is the planner's table of the same
+bytes: ``Precision("bf16")`` is 2 + 4 + 12.
 
 Why the gradients accumulate in float32. bfloat16 keeps 8 significant bits (7 stored): next to a
 running sum of 1.0 its neighbours are 1 - 2^-8 and 1 + 2^-7, so anything added that is smaller
@@ -58,11 +60,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
+from ..mixed_precision import COMPUTE, MASTER, PRECISIONS, Policy, policy  # noqa: F401 (the vocabulary, re-exported)
 from ..xp import namespace
 
-PRECISIONS = ("fp64", "fp32", "bf16", "fp16")
-COMPUTE = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-MASTER = {"fp64": "float64", "fp32": "float32", "bf16": "float32", "fp16": "float32"}
 # unit roundoff u = 2^-p of a dtype with p significant bits: the largest relative error of one rounding
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
 LOSS_SCALES = ("dynamic", "static")
@@ -95,29 +95,12 @@ def tolerances(cfg, steps=None, smallest=1.0) -> tuple[float, float, float]:
     return u, 2 * u, 2 * cfg.lr * (cfg.steps if steps is None else steps) / smallest + 2 * u
 
 
-@dataclass(frozen=True)
-class Policy:
-    """The dtypes of one precision: ``compute`` (weights, activations), ``master`` (gradients,
-    master weights, Adam's state), ``mixed`` (the two differ)."""
-
-    name: str
-    compute: str
-    master: str
-
-    @property
-    def mixed(self) -> bool:
-        return self.compute != self.master
-
-    @property
-    def scaled(self) -> bool:
-        """Whether the loss is scaled (fp16 only)."""
-        return self.name == "fp16"
-
-
-def policy(name: str) -> Policy:
-    if name not in PRECISIONS:
-        raise UsageError(f"--precision={name!r}: choose one of {', '.join(PRECISIONS)}")
-    return Policy(name, COMPUTE[name], MASTER[name])
+def check_scale_flags(precision, given) -> None:
+    """Refuse, in one line, loss-scale settings given (``given``: {flag: value}, the flags said on
+    the command line) with a precision that scales no loss (``Policy.scaled``: fp16 alone)."""
+    pol = policy(precision)
+    if given and not pol.scaled:
+        raise UsageError(f"{next(iter(given))}: only --precision fp16 scales its loss ({pol.why_unscaled()})")
 
 
 def check_loss_scale(precision, loss_scale, initial_scale, growth_interval) -> None:

@@ -1,8 +1,12 @@
 """The one-process reference every grid must reproduce: the dense GPT, the whole global batch per
 step, in one process (the trainer's ``train`` is its distributed version, ``minipar.train.trainer``).
 
-    losses, params = train_reference(cfg)       # the same steps as train(comm, cfg) on any grid
+    losses, params = train_dense(cfg)           # the same steps as train(comm, cfg) on any grid
     loss, norm, stepped = dense_step(model, opt, ids, clip)   # one of its steps
+
+The dense reference goes by one name in every technique, beside its distributed version:
+``train_dense`` trains in one process (``minipar.data_parallel``, ``minipar.pipeline.asynchronous``,
+here), ``dense_step`` takes one step (``minipar.pipeline.execute``, here).
 
 Nothing here communicates: every rank's sums are plain sums over arrays one process holds.
 """
@@ -17,12 +21,13 @@ from ..optim import Adam, clip_grad_norm
 from ..xp import dtype_named
 from .config import TrainConfig, make_data
 from .model import GPT, moe_layers, place_dropout
-from .precision import LossScaler, loss_in_master, nonfinite, policy
+from .parallelize import parallelize
+from .precision import LossScaler, loss_in_master, nonfinite
 from .saving import named_modules
 
 
-def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, record=None, progress=None, norms=None,
-                    skipped=None):
+def train_dense(cfg: TrainConfig, steps: int | None = None, dense=None, record=None, progress=None, norms=None,
+                skipped=None):
     """The dense GPT, one process, in ``cfg.precision`` (float64 by default), the whole global
     batch per step, torch's Adam (and, with ``cfg.clip``, torch's ``clip_grad_norm_`` before it;
     ``norms``: a list to which each step's gradient norm before clipping is appended).
@@ -47,14 +52,14 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     if draw is not None:  # one process holds every row, position and column of every site
         place_dropout(model, draw, cfg.model.seq_len)
     data = make_data(cfg)
-    pol = policy(cfg.precision)
-    if cfg.dtype != "float64":
-        model.to(np.zeros(1, dtype=dtype_named(cfg.dtype)))
+    pol = parallelize(cfg).precision  # the grid's precision, read from the run's plan
+    if pol.compute != "float64":
+        model.to(np.zeros(1, dtype=dtype_named(pol.compute)))
     if pol.mixed:  # 16-bit weights, float32 gradients and master weights (each parameter its own FlatAdam)
         for _, m in named_modules(model):
             m.grads = {k: np.zeros(g.shape, dtype=pol.master) for k, g in m.grads.items()}
-        model.compute = dtype_named(cfg.dtype)
-        opt = MasterAdam([p for _, p in model.named_parameters()], cfg.lr, cfg.dtype)
+        model.compute = dtype_named(pol.compute)
+        opt = MasterAdam([p for _, p in model.named_parameters()], cfg.lr)
     else:
         opt = Adam([p for _, p in model.named_parameters()], lr=cfg.lr)
     scaler = LossScaler(cfg.initial_scale, cfg.growth_interval) if pol.scaled else None
@@ -84,14 +89,17 @@ def train_reference(cfg: TrainConfig, steps: int | None = None, dense=None, reco
     return losses, {n: np.array(p) for n, p in model.named_parameters()}
 
 
+train_reference = train_dense  # its name before the dense reference had one name
+
+
 class MasterAdam:
     """One process's mixed-precision Adam: a ``FlatAdam`` per parameter (float32 master weights,
     m and v), each step rounding the master into the 16-bit weight: what the grid's engines do on
     their flat buffers, element by element."""
 
-    def __init__(self, params, lr, compute):
+    def __init__(self, params, lr):
         self.params = params
-        self.opts = [FlatAdam(p, p, lr=lr, mixed=compute) for p in params]
+        self.opts = [FlatAdam(p, p, lr=lr, mixed=True) for p in params]
 
     def step(self, grads):
         for p, g, opt in zip(self.params, grads, self.opts):

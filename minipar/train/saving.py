@@ -142,9 +142,9 @@ def save(trainer, directory, step: int, crash_before_commit=False):
 def _save(trainer, directory, step, crash_before_commit):
     from safetensors.numpy import save as serialize
 
-    comm, cfg, g = trainer.comm, trainer.cfg, trainer.grid
-    d, p, t = g.coords
-    first = d == 0 and g.cp_rank == 0  # replicas of the same shards: one writes them
+    comm, cfg = trainer.comm, trainer.cfg
+    d, p, c, t = trainer.place.coord  # my full coordinate (dp, pp, cp, tp), from the run's plan
+    first = d == 0 and c == 0  # replicas of the same shards: one writes them
     name = f"step{step:06d}"
     tmp = os.path.join(directory, f".tmp-{name}")
     if comm.rank == 0:
@@ -177,7 +177,7 @@ def _save(trainer, directory, step, crash_before_commit):
                 if first or is_expert(pre):
                     add("param", pre + pname, mod, pname, a, None)
     for e in trainer.engines:
-        mine = e.stage >= 1 or e.model is trainer.experts  # ZeRO's ranges, or my experts
+        mine = trainer.plan.zero >= 1 or e.model is trainer.experts  # ZeRO's ranges, or my experts
         for mod, pname, lo, hi, m, v in e.optimizer_pieces():
             if first or mine:
                 qual = where[id(mod)] + pname

@@ -1,12 +1,17 @@
 """One training step on a DP x PP x CP x TP grid, composed from the lessons before it.
 
-    cfg = TrainConfig(GPTConfig(), dp=2, pp=2, tp=2, schedule="1f1b", microbatches=4)  # config.py
-    check_shapes(cfg, world=8)                  # pure: raises UsageError before any rank starts
-    trainer = Trainer(comm, cfg)                # on every rank
+    cfg = TrainConfig(GPTConfig(), dp=2, pp=2, tp=2, schedule="1f1b", microbatches=4, steps=5)  # config.py
+    parallelize(cfg, world=8)                   # parallelize.py, pure: a UsageError before any rank starts
+    trainer = Trainer(comm, cfg)                # on every rank: the plan's groups, stages and engines
     for step in range(cfg.steps):
         loss = trainer.step(step)               # the global batch's loss, on every rank
 
-    losses, params = train_reference(cfg)       # reference.py: the same steps in one process, must be equal
+    losses, params = train_dense(cfg)           # reference.py: the same steps in one process, must be equal
+
+What the run is made of (the grid's groups, the stages this rank holds, the DP/ZeRO engines and
+their arguments, the precision's policy) is decided once, by the run's plan (``parallelize.py``);
+the trainer runs the step. Below, "stage" is always a pipeline stage; the DP engines' ZeRO stage
+is ``plan.zero``.
 
 A step, on every rank:
 
@@ -23,8 +28,9 @@ A step, on every rank:
    replicated gradient over the ``dp_cp`` group (dp x cp ranks), once (``sync_dp``), and takes
    the Adam step. ZeRO-2 and 3 bracket the whole step (``whole_step``): every unit's full
    gradient is open from the first micro-batch to the flush and reduce-scattered once after it;
-   ZeRO-3's weights are gathered once before the first micro-batch, or with ``reshard`` a stage's
-   around every pipeline action (``before``, ``reshard_after``). Experts are not averaged: each is held by one rank of the dp group, whose dispatch
+   ZeRO-3's weights are gathered once before the first micro-batch, or with ``reshard`` a pipeline
+   stage's around each of its actions (``before``, ``reshard_after``). Experts are not averaged:
+   each is held by one rank of the dp group, whose dispatch
    already summed every replica's tokens into its gradient; it is divided by dp
    (``sync_experts``) and stepped alone. What the MoE layers report (aux loss, tokens per
    expert) is kept by ``train.experts.ExpertLog``;
@@ -36,7 +42,7 @@ A step, on every rank:
    is inf or nan (``found_inf``): then every rank skips the step and halves the scale; else every
    gradient is divided by the scale (exact: a power of 2) before 5 (``LossScaler``);
 5. with ``clip``, before the Adam step: the global gradient norm, every parameter of the model
-   counted once (``clip_grads``: a TP shard on its rank, a parameter whole on every TP rank on
+   counted once (``clip_grads``, ``gradients.py``: a TP shard on its rank, a parameter whole on every TP rank on
    TP rank 0, the tied embedding on the first stage, one DP replica's average or every ZeRO
    shard, each expert on its owner), one all-reduce of that sum of squares over all ranks, and
    every gradient scaled by the same factor as one process's ``clip_grad_norm_``.
@@ -54,130 +60,51 @@ chunks, and why the losses equal one process's.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 
 import numpy as np
 
 from ..collectives import all_reduce
 from ..context_parallel import SeqLayout
-from ..data_parallel import DDP
-from ..grid import Grid, axis_color
-from ..nn import Module
 from ..nn.dropout import Draw
 from ..optim import clip_scale
 from ..pipeline.execute import run_schedule
-from ..pipeline.schedules import make_schedule
 from ..tensor_parallel.vocab import vocab_parallel_cross_entropy
-from ..xp import copy, namespace, storage
-from ..zero import STAGES
+from ..xp import copy, storage
+from .accounting import held_bytes
 from .config import CP_ATTENTION, PRECISIONS, SCHEDULES, TrainConfig, check_shapes, make_data  # noqa: F401 (re-exported)
-from .experts import ExpertLog, expert_totals, split_experts
-from .model import GPT, GPTConfig, build_stage  # noqa: F401 (GPTConfig re-exported)
-from .precision import LossScaler, loss_in_master, nonfinite, policy
+from .experts import ExpertLog, expert_totals
+from .gradients import found_inf, global_norm, largest, scale, sum_of_squares
+from .model import GPT, GPTConfig  # noqa: F401 (GPTConfig re-exported)
+from .parallelize import Units, engine_units, parallelize  # noqa: F401 (re-exported)
+from .precision import LossScaler, loss_in_master
 from .saving import owning
 from .saving import save as save_checkpoint
 
 
-class Units(Module):
-    """Modules gathered as the DP engine's units (children named "s0.embed", "s4.h", ...)."""
-
-    def __init__(self, modules: dict):
-        super().__init__()
-        for name, m in modules.items():
-            setattr(self, name, m)
-
-
-def engine_units(stages: dict, split_tied: bool):
-    """(units, tied units, expert units): every child with parameters of every stage this rank
-    holds, as DP units; with ``split_tied`` the module holding wte on the first or last stage goes apart, into
-    its own engine. Its flat buffer then has the same layout on both stages, so the DP ring
-    reduces the two copies' (equal) gradients in the same order, and they stay bitwise equal.
-    A child holding mixture-of-experts layers is split further: its experts go to the expert
-    units (never averaged over dp), everything else (the router too) stays a DP unit."""
-    units, tied, experts = {}, {}, {}
-    for s, st in stages.items():
-        for name, child in st.children().items():
-            if not child.num_params():  # the embedding's dropout: nothing to reduce or update
-                continue
-            is_tied = split_tied and ((s == 0 and name == "embed") or (st.last and name == "head"))
-            if is_tied:
-                tied[f"s{s}.{name}"] = child
-            else:
-                split_experts(child, f"s{s}.{name}", units, experts)
-    return Units(units), (Units(tied) if tied else None), (Units(experts) if experts else None)
-
-
-def arrays_in(obj):
-    """Every array inside nested dicts, tuples and lists (a forward context)."""
-    if isinstance(obj, dict):
-        for v in obj.values():
-            yield from arrays_in(v)
-    elif isinstance(obj, (tuple, list)):
-        for v in obj:
-            yield from arrays_in(v)
-    elif hasattr(obj, "shape") and hasattr(obj, "dtype"):
-        yield obj
-
-
-def held_bytes(obj, exclude=()) -> int:
-    """Bytes of the memory blocks the arrays inside ``obj`` live in, each block once (a view
-    and its base count once); blocks whose key is in ``exclude`` (the parameters') not at all."""
-    blocks = dict(storage(a) for a in arrays_in(obj))
-    return sum(n for key, n in blocks.items() if key not in exclude)
-
-
 class Trainer:
-    """Everything one rank holds for training: its grid, stages, engine and data."""
+    """Everything one rank holds for training: its plan, place on the grid, stages, engines and data."""
 
     def __init__(self, comm, cfg: TrainConfig, dense=None):
-        check_shapes(cfg, comm.size)
+        self.plan = plan = parallelize(cfg, comm.size)  # the run's decisions, made once (parallelize.py)
         self.comm, self.cfg = comm, cfg
-        self.grid = g = Grid(comm, cfg.dp, cfg.pp, cfg.tp, cp=cfg.cp, order=cfg.order,
-                             ranks_per_node=cfg.ranks_per_node or None)
-        if cfg.ranks_per_node:  # every traced message learns whether it crossed between nodes
-            comm.tracer.ranks_per_node = cfg.ranks_per_node
-        d, p, t = g.coords
-        self.schedule = make_schedule(cfg.schedule, cfg.pp, cfg.microbatches, cfg.chunks)
-        S = self.schedule.total_stages
-        dense = GPT(cfg.model, cfg.seed) if dense is None else dense
-        self.policy = pol = policy(cfg.precision)
-        like = comm.empty((1,), cfg.dtype)  # the compute dtype, on this backend
+        self.place = plan.place(comm)  # every group, my coordinate (dp, pp, cp, tp)
+        self.grid, self.schedule, self.policy, self.ep = self.place.grid, plan.schedule, plan.precision, self.place.ep
         # the positions of every sequence this rank holds: all, or my cp rank's zigzag chunks
-        self.positions = SeqLayout(cfg.model.seq_len, cfg.cp).positions(g.cp_rank) if cfg.cp > 1 else None
-        self.ep = None  # the expert-parallel group: my dp group, under a name of its own for the trace
-        if cfg.model.n_experts:
-            self.ep = comm.split(axis_color(g.shape, g.position, "dp"), key=d, name=f"ep(p{p},t{t})")
+        self.positions = SeqLayout(cfg.model.seq_len, cfg.cp).positions(self.place.coord.cp) if cfg.cp > 1 else None
         # dropout: one counter-based draw shared by every site; the masks depend on global indices only
         self.draw = Draw(cfg.dropout, cfg.seed) if cfg.dropout else None
-        self.stages = {}
-        for s in range(S):
-            if self.schedule.stage_to_rank[s] == p:
-                tied = self.stages[0].embed if 0 in self.stages else None
-                self.stages[s] = build_stage(g.tp, dense, s, S, cfg.sequence_parallel, cfg.recompute, tied,
-                                             cp=g.cp, cp_attention=cfg.cp_attention, ep=self.ep, draw=self.draw)
-        for st in self.stages.values():
-            st.to(like)
-            st.compute = like.dtype if pol.mixed else None  # 16 bits: round what the stage hands on
-        units, tied, experts = engine_units(self.stages, split_tied=cfg.pp > 1)
-        engine = STAGES[cfg.zero] if cfg.zero else DDP
-        # mixed: the 16-bit weights the stages hold, float32 master weights, Adam state and gradients
-        kw = dict(lr=cfg.lr, mixed=cfg.dtype if pol.mixed else False, main_grad=True)
-        if cfg.zero >= 2:  # the executor runs the micro-batches: one reduce-scatter after the flush
-            kw["whole_step"] = True
-        if cfg.zero == 3:  # gathered once per step (torchtitan under PP), or around every action (reshard)
-            kw.update(reshard=cfg.reshard, prefetch=False)
-        self.engines = [engine(g.dp_cp, units, **kw)] + ([engine(g.dp_cp, tied, **kw)] if tied else [])
-        if experts is not None:  # held by this rank alone (and its TP partners, which compute the same)
-            alone = comm.split(comm.rank, key=0, name=f"experts(r{comm.rank})")
-            self.engines.append(engine(alone, experts, **kw))
-        self.scaler = LossScaler(cfg.initial_scale, cfg.growth_interval) if pol.scaled else None
+        self.stages = plan.build_stages(self.place, GPT(cfg.model, cfg.seed) if dense is None else dense, self.draw)
+        self.engines, units = plan.build_engines(self.place, self.stages)  # lesson 04's, over dp x cp
+        self.experts = units[2]  # the experts' units (None without experts): never averaged over dp
+        self.unit_stage = {u: s for m in units if m is not None for u, s in m.stage_of.items()}  # unit -> pipeline stage
+        self.scaler = LossScaler(cfg.initial_scale, cfg.growth_interval) if self.policy.scaled else None
         self.skipped = []  # fp16: the steps every rank skipped (an inf or nan somewhere)
         self.scales = []  # fp16: the loss scale each step ran with
-        self.experts = experts
         self.moe = ExpertLog(self.stages, cfg.microbatches)  # what the MoE layers report, per step
+        S = self.schedule.total_stages
         self.first, self.last = 0 in self.stages, S - 1 in self.stages
-        self.vocab_start = t * cfg.model.vocab // cfg.tp
+        self.vocab_start = self.place.coord.tp * cfg.model.vocab // cfg.tp
         self.data = make_data(cfg)
         self.peak_activations = 0
         self.history = []
@@ -185,9 +112,7 @@ class Trainer:
         last = self.stages.get(S - 1)
         # the last stage's own copy of the tied embedding (pp > 1): its gradient equals the first stage's
         self.tied_copy = last.head if last is not None and "wte" in last.head.params and not self.first else None
-        self.zero3 = [e for e in self.engines if e.stage == 3]
-        for e in self.zero3:  # reshard: the most a stage's action holds gathered at once
-            e.live = max(sum(e.flats[u].n_pad for u in self.stage_units(e, s)) for s in self.stages)
+        self.zero3 = self.engines if plan.zero == 3 else []  # ZeRO-3: the weights are gathered to be read
         self._ctxs = {}  # reshard: the executor's forward contexts (from after_action)
         self.note_params()
 
@@ -197,11 +122,6 @@ class Trainer:
         action), and a freed one's address may hold an activation later: only the current count."""
         self._param_keys = {storage(a)[0] for st in self.stages.values() for _, a in st.named_parameters()
                             if a is not None}
-
-    @staticmethod
-    def stage_units(engine, s):
-        """The units of ``engine`` belonging to pipeline stage s (named "s{s}.<child>")."""
-        return [u for u in engine.units if u.startswith(f"s{s}.")]
 
     @contextlib.contextmanager
     def gathered(self):
@@ -255,13 +175,12 @@ class Trainer:
         the micro-batch's forward context in place of their placeholders."""
         if self.draw is not None:
             self.draw.at(rows=self.rows(action.microbatch))
-        if self.cfg.reshard:
+        if self.plan.reshard:
             key = (action.stage, action.microbatch)
             for e in self.zero3:
-                for u in self.stage_units(e, action.stage):
-                    e.gather(u)
-                    if key in self._ctxs:
-                        self._ctxs[key] = e.restore(u, self._ctxs[key])
+                ctx = e.gather_group(action.stage, self._ctxs.get(key))
+                if key in self._ctxs:
+                    self._ctxs[key] = ctx
             self.note_params()
 
     def reshard_after(self, action, held):
@@ -269,10 +188,9 @@ class Trainer:
         replaced by placeholders in the micro-batch's context (else it would keep them alive)."""
         self._ctxs, key = held["ctx"], (action.stage, action.microbatch)
         for e in self.zero3:
-            for u in self.stage_units(e, action.stage):
-                if key in self._ctxs:
-                    self._ctxs[key] = e.hide(u, self._ctxs[key])
-                e.free(u)
+            ctx = e.free_group(action.stage, self._ctxs.get(key))
+            if key in self._ctxs:
+                self._ctxs[key] = ctx
 
     def activation_shape(self, stage, i):
         """What travels between stages: (b, T/cp, C), (b, T/cp/tp, C) sequence parallel."""
@@ -283,7 +201,7 @@ class Trainer:
     def sample(self, action, held):
         """After every pipeline action: the activations held, and what the MoE layers of its stage
         logged (``ExpertLog.record``)."""
-        if self.cfg.reshard:
+        if self.plan.reshard:
             self.reshard_after(action, held)
         self.peak_activations = max(self.peak_activations, held_bytes(held, self._param_keys))
         self.moe.record(action)
@@ -320,35 +238,26 @@ class Trainer:
             return False
         return name in module.sharded or self.grid.coords[2] == 0
 
+    def pieces(self) -> list:
+        """The gradient pieces this rank brings to the global norm: what each engine says this rank
+        answers for (``Engine.grad_pieces``), of which ``counted_here`` says what the tp and pp axes
+        count."""
+        return [g for e in self.engines for module, name, g in e.grad_pieces() if self.counted_here(module, name)]
+
     def squares_here(self) -> float:
-        """This rank's part of the gradient's sum of squares: each engine says which part of its
-        averaged gradients this rank answers for (DDP: one replica of the dp x cp group, ZeRO-1/2/3:
-        every rank its shard; the experts' engine: the owner), and ``counted_here`` which of those
-        the tp and pp axes count."""
-        return sum((float(namespace(g).sum(g * g)) for e in self.engines for module, name, g in e.grad_pieces()
-                    if self.counted_here(module, name)), 0.0)  # a float64 even when this rank counts nothing
+        return sum_of_squares(self.pieces())
 
     def largest_here(self) -> float:
-        """The largest |element| of the gradients this rank answers for (``squares_here``'s pieces;
-        an element counted twice would not change a max, but the pieces are the same)."""
-        return max((float(namespace(g).max(namespace(g).abs(g))) for e in self.engines
-                    for module, name, g in e.grad_pieces() if self.counted_here(module, name)), default=0.0)
+        return largest(self.pieces())
 
     def grad_norm(self) -> float:
-        """The global norm of the model's gradient, every parameter counted once: the sum over
-        every rank of ``squares_here``, one all-reduce; with ``clip_norm_type`` inf the max over
-        every rank of ``largest_here``, one all-reduce (max)."""
-        if self.cfg.clip_norm_type == math.inf:
-            mine = self.comm.asarray(np.array([self.largest_here()], dtype=np.float64))
-            return float(all_reduce(self.comm, mine, op="max")[0])
-        mine = np.array([self.squares_here()], dtype=np.float64)
-        total = all_reduce(self.comm, self.comm.asarray(mine))  # (1,): the sum over ranks
-        return math.sqrt(float(total[0]))
+        """The global norm of the model's gradient, every parameter counted once (``gradients.global_norm``:
+        one all-reduce of every rank's ``pieces``; with ``clip_norm_type`` inf, of their max)."""
+        return global_norm(self.comm, self.pieces(), self.cfg.clip_norm_type)
 
-    def scale_grads(self, scale: float):
-        """Every gradient this rank steps with times ``scale`` (the same on every rank)."""
-        for g in self.grads():
-            g *= scale
+    def scale_grads(self, factor: float):
+        """Every gradient this rank steps with times ``factor`` (the same on every rank)."""
+        scale(self.grads(), factor)
 
     def grads(self):
         """Every gradient this rank steps with (its engines' float32 main_grad in mixed precision;
@@ -356,11 +265,8 @@ class Trainer:
         return [g for e in self.engines for g in e.step_grads()]
 
     def found_inf(self) -> bool:
-        """Whether any gradient of any rank is inf or nan: my flag, all-reduced (max) over the
-        whole world with minipar's ring. A tp, pp or ep peer's overflow never reaches my own
-        gradients, so a flag over my group alone would let some ranks step and others skip."""
-        mine = np.array([1.0 if nonfinite(self.grads()) else 0.0])
-        return float(all_reduce(self.comm, self.comm.asarray(mine), op="max")[0]) > 0
+        """Whether any gradient of any rank of the world is inf or nan (``gradients.found_inf``)."""
+        return found_inf(self.comm, self.grads())
 
     def unscale(self) -> bool:
         """fp16: skip the step on every rank (and halve the scale) if ``found_inf``; else divide

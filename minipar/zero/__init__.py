@@ -4,7 +4,7 @@
         print(zero_check(minipar.init()))"
 
     from minipar.zero import ZeRO
-    engine = ZeRO(comm, model, stage=2, lr=1e-3, mixed=True)   # stage 0 is plain DDP
+    engine = ZeRO(comm, model, stage=2, lr=1e-3, precision="fp16")   # stage 0 is plain DDP
     loss = engine.train_step(x_local, y_local)
     engine.measured_memory()    # peak bytes of params / grads / optimizer state this rank held
     engine.predicted_memory()   # the ZeRO paper's formula (+ padding, + the gathered layers)
@@ -28,22 +28,46 @@ Traffic in parameter-sized units per rank, times the ring's (N-1)/N.
 """
 from __future__ import annotations
 
+from ..data_parallel.ddp import DDP
 from ..mixed_precision import NVMe
-from .engines import STAGES, ZeRO1, ZeRO2, ZeRO3, swap
+from .engines import ZeRO1, ZeRO2, ZeRO3, swap
 from .tiling import tiled_linear
 
-__all__ = ["ZeRO", "ZeRO1", "ZeRO2", "ZeRO3", "STAGES", "swap", "NVMe", "tiled_linear"]
+__all__ = ["ZeRO", "ZeRO1", "ZeRO2", "ZeRO3", "STAGES", "engine_args", "swap", "NVMe", "tiled_linear"]
+
+# The one map from a ZeRO stage to its engine. Stage 0 is DDP with one bucket per unit: the same
+# padded units as the sharded stages, so its ring all-reduce adds in the order of their
+# reduce-scatter, and every stage is bitwise stage 0 (lesson 04's and lesson 05's baseline alike).
+STAGES = {0: DDP, 1: ZeRO1, 2: ZeRO2, 3: ZeRO3}
 
 
-def ZeRO(comm, model, stage=1, **kw):
-    """The engine for ``stage`` (0 = DDP with one bucket per unit, the bitwise baseline)."""
-    if stage == 0:
-        from ..data_parallel import DDP
+def engine_args(stage: int, pipelined: bool = False, reshard: bool = False, groups=None) -> dict:
+    """The arguments that go with the engine of ZeRO ``stage`` (``STAGES[stage]``).
 
-        kw.pop("prefetch", None)
-        return DDP(comm, model, bucket_bytes=0, **kw)
-    if stage not in STAGES:
+    stage 0      one bucket per unit (``bucket_bytes=0``): the bitwise baseline
+    pipelined    the executor runs the micro-batches and the engine only brackets the step: stages
+                 2 and 3 keep every unit's full gradient open until the flush (``whole_step``), and
+                 stage 3 gathers every unit once per step (torchtitan's choice under PP), or with
+                 ``reshard`` leaves the gathering to the caller, group by group (``groups``), with
+                 no prefetch
+    """
+    if isinstance(stage, bool) or stage not in STAGES:
         raise ValueError(f"stage={stage!r}: choose 0 (DDP), 1, 2 or 3")
-    if stage != 3:
-        kw.pop("prefetch", None)
-    return STAGES[stage](comm, model, **kw)
+    if reshard and not (pipelined and stage == 3):
+        raise ValueError(f"reshard with stage={stage}{'' if pipelined else ', not pipelined'}: only a pipelined "
+                         f"ZeRO-3 gathers weights to reshard")
+    if stage == 0:
+        return {"bucket_bytes": 0}
+    kw = {"whole_step": True} if pipelined and stage >= 2 else {}
+    if pipelined and stage == 3:
+        kw.update(reshard=reshard, prefetch=False, groups=groups)
+    return kw
+
+
+def ZeRO(comm, model, stage=1, pipelined=False, reshard=False, groups=None, prefetch=None, **kw):
+    """The engine for ``stage`` (0 = DDP with one bucket per unit, the bitwise baseline), with the
+    arguments ``engine_args`` gives it; ``prefetch`` (stage 3 alone; default on, off when pipelined)."""
+    args = engine_args(stage, pipelined, reshard, groups)
+    if stage == 3 and prefetch is not None:
+        args["prefetch"] = prefetch
+    return STAGES[stage](comm, model, **args, **kw)

@@ -3,7 +3,7 @@
 A ZeRO *stage* says how much is sharded (1: the optimizer state, 2: + the gradients, 3: + the
 parameters); it has nothing to do with a pipeline's stages.
 
-    opt = ZeRO1(comm, model, lr=1e-3, mixed=True)     # or ZeRO2, ZeRO3 (prefetch=True), offload=True
+    opt = ZeRO1(comm, model, lr=1e-3, precision="fp16")   # or ZeRO2, ZeRO3 (prefetch=True), offload=True
     loss = opt.train_step(local_batch(comm, x), local_batch(comm, y))
 
 Every unit (a top-level layer with weights) is one flat buffer padded to a multiple of N
@@ -36,9 +36,10 @@ after the flush, reduce-scatters each into the rank's shard and frees the full b
 the gathered weights too). That is torchtitan's choice under PP (no reshard after forward): the
 weights are gathered once per step, not once per micro-batch; the price is that, at the peak,
 the rank holds every full gradient (and stage 3 every full weight) of its stage, as ZeRO-1 does.
-``reshard=True`` (stage 3) leaves the gathering to the caller, one stage at a time around every
-pipeline action (``gather``, ``free``): the weights never whole for longer than an action, and
-gathered 2m times a step instead of once.
+``reshard=True`` (stage 3) leaves the gathering to the caller, one pipeline stage at a time around
+every pipeline action (``gather_group``, ``free_group``; ``groups`` says which pipeline stage each
+unit belongs to): the weights never whole for longer than an action, and gathered 2m times a step
+instead of once.
 """
 from __future__ import annotations
 
@@ -240,12 +241,37 @@ class ZeRO3(ZeRO2):
 
     stage = 3
 
-    def __init__(self, comm, model, prefetch=True, reshard=False, **kw):
+    def __init__(self, comm, model, prefetch=True, reshard=False, groups=None, **kw):
+        """``reshard`` (with ``whole_step``): the caller gathers and frees the units group by group
+        around each pipeline action; ``groups``: {unit: its group}, the pipeline stage it belongs
+        to (default: every unit a group of its own)."""
         self.prefetch, self.gathering = prefetch, {}  # unit -> (buffer, generator) in flight
-        self.reshard = reshard  # whole_step: the caller gathers and frees around each pipeline action
-        self.live = 0  # reshard: the most elements the caller holds gathered at once (its prediction)
+        self.reshard = reshard
         super().__init__(comm, model, **kw)
+        self.groups = {u: (groups or {}).get(u, u) for u in self.units}
         self.placeholders = {u: [_Weight(u, i) for i in range(len(f.slots))] for u, f in self.flats.items()}
+        # reshard: the most elements gathered at once, the largest group (the prediction's "gathered")
+        self.live = max((sum(self.flats[u].n_pad for u in self.group(g)) for g in set(self.groups.values())), default=0)
+
+    def group(self, g):
+        """The units of group ``g`` (a pipeline stage), in order."""
+        return [u for u in self.units if self.groups[u] == g]
+
+    def gather_group(self, g, ctx=None):
+        """Gather every unit of group ``g`` (a collective over the engine's group); returns ``ctx``
+        with their placeholders replaced by the gathered weights (None stays None)."""
+        for u in self.group(g):
+            self.gather(u)
+            ctx = ctx if ctx is None else self.restore(u, ctx)
+        return ctx
+
+    def free_group(self, g, ctx=None):
+        """Free every unit of group ``g``; returns ``ctx`` with their weights replaced by
+        placeholders (so that it does not keep them alive)."""
+        for u in self.group(g):
+            ctx = ctx if ctx is None else self.hide(u, ctx)
+            self.free(u)
+        return ctx
 
     def setup_params(self):
         self.full_params, self.param_shards = {}, {}
@@ -360,6 +386,3 @@ class ZeRO3(ZeRO2):
             return {"unit_grad": sum(sizes), "gathered": self.live if self.reshard else sum(sizes)}
         pairs = [a + b for a, b in zip(sizes, sizes[1:])] if self.prefetch and len(sizes) > 1 else sizes
         return {"unit_grad": max(sizes), "gathered": max(pairs)}
-
-
-STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3}
