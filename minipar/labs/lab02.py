@@ -21,6 +21,9 @@ Dimensions are multiples of 12, so that 1, 2, 3 and 4 ranks all split them evenl
 are drawn in NumPy (float64) and handed to the learner in the backend's kind (``comm.asarray``:
 NumPy arrays, or torch tensors of the same dtype, watched as such); the expected values stay
 NumPy's dense float64 results.
+
+The core tasks (2.7 sequence parallelism, 2.8 attention's backward) are checked in
+``minipar.labs.lab02_core``; the shards and rules both modules use are ``minipar.labs.lab02_rules``.
 """
 from __future__ import annotations
 
@@ -28,14 +31,14 @@ import numpy as np
 
 from ..nn import CausalSelfAttention
 from ..nn.functional import gelu_forward
-from ..xp import chunk_bounds, to_numpy
-from .checks import (COLLECTIVES, chunk_counts, compare, draw, expect_traffic, graded, no_builtin, poisoned,
-                     ranks, ring_traffic, sent_by_learner, used_only_own, watched)
+from .checks import COLLECTIVES, compare, draw, graded, no_builtin, ranks, sent_by_learner, used_only_own
 from .grader import Task
+from .lab02_rules import INSTEAD, _bias_once, _close, cols, mine, no_message, one_all_reduce, rows, shard
 
-TITLE = "tensor parallelism: column and row splits, f and g, Megatron MLP, heads-split attention"
+TITLE = ("tensor parallelism: column and row splits, f and g, Megatron MLP, heads-split attention, sequence "
+         "parallelism, attention's backward")
 HERE = "minipar.labs.lab02"
-INSTEAD = "minipar.collectives.all_reduce (a ring on send/recv)"
+CORE = "minipar.labs.lab02_core"  # the core tasks' checks (2.7, 2.8)
 
 TASKS = [
     Task("2.1", "column split, forward", "column_forward", f"{HERE}:check_column_forward"),
@@ -44,17 +47,25 @@ TASKS = [
     Task("2.4", "row split, backward (g)", "row_backward", f"{HERE}:check_row_backward"),
     Task("2.5", "Megatron MLP", "megatron_mlp", f"{HERE}:check_megatron_mlp"),
     Task("2.6", "heads-split attention", "heads_attention", f"{HERE}:check_heads_attention"),
+    Task("2.7", "sequence parallelism", "sequence_parallel_mlp", f"{CORE}:check_sequence_parallel", tier="core",
+         reference=tuple(f"minipar.tensor_parallel.ops:{f}" for f in (
+             "sp_gather_forward", "sp_gather_backward", "sp_scatter_forward", "sp_scatter_backward", "_gather_axis",
+             "_reduce_scatter_axis"))),
+    Task("2.8", "attention backward", "heads_attention_backward",
+         f"{CORE}:check_heads_attention_backward", tier="core",
+         reference=("minipar.nn.functional:attention_backward", "minipar.nn.functional:softmax_backward",
+                    "minipar.nn.layers:CausalSelfAttention.backward_input")),
 ]
 
 # Hints, stage by stage (`minipar check 02 --hint 2.2`): a nudge naming the idea and what to read,
 # the shape of the computation, then near-pseudocode. The answer: `minipar lab solution 02 --task 2.2`.
 HINTS = {
     "2.1": (
-        """A column split needs no message: rank r owns a block of w's columns (and the same entries
-        of b), and its output is those columns of Y. Your block: lo, hi = chunk_bounds(d_out,
-        comm.size)[comm.rank]. The lesson: notebooks/02_tensor_parallel.ipynb.""",
-        """d_out is w.shape[1]; slice w's columns lo:hi and b[lo:hi]; one matmul. The result has
-        shape (N, hi - lo).""",
+        """A column split needs no message: each rank owns a block of w's columns (and the same entries
+        of b), and its output is exactly those columns of Y. Which part of the product can a rank
+        compute with nothing but its own block?""",
+        """Your block: lo, hi = chunk_bounds(d_out, comm.size)[comm.rank], with d_out = w.shape[1]. Slice
+        w's columns lo:hi and b[lo:hi]; one matmul. The result has shape (N, hi - lo).""",
         """
         lo, hi = chunk_bounds(w.shape[1], comm.size)[comm.rank]
         return x @ w[:, lo:hi] + b[lo:hi]
@@ -72,13 +83,14 @@ HINTS = {
         """,
     ),
     "2.3": (
+        """Each rank's columns of Y were computed from all of x, so x's gradient gets a contribution
+        through every rank's columns; the gradients of A_r and b_r involve only this rank's own
+        columns. Which of the three needs the other ranks, and what adds their contributions?""",
         """Y_r = x A_r + b_r. dw_r = x^T dY_r and db_r (dY_r summed over the rows) are local. But
         dx = sum over r of dY_r A_r^T: every rank holds one term, so dx needs one all-reduce. That is
         f's backward (f: the identity going forward, an all-reduce going back).""",
-        """lo, hi = your columns of w (over w.shape[1]); dx = all_reduce(comm, dy_r @ w[:, lo:hi].T);
-        dw_r = x.T @ dy_r; db_r = dy_r.sum(axis=0).""",
         """
-        lo, hi = chunk_bounds(w.shape[1], comm.size)[comm.rank]
+        lo, hi = chunk_bounds(w.shape[1], comm.size)[comm.rank]   # your columns of w
         return all_reduce(comm, dy_r @ w[:, lo:hi].T), x.T @ dy_r, dy_r.sum(axis=0)
         """,
     ),
@@ -107,14 +119,16 @@ HINTS = {
         """,
     ),
     "2.6": (
-        """Split the heads: rank r runs the heads of columns lo:hi = chunk_bounds(C, p)[r] of EACH of
-        Wq, Wk, Wv (w_qkv's column blocks 0:C, C:2C, 2C:3C). Attention inside a head needs no message;
-        the output projection is then a row split (2.2): one all-reduce. attention_forward is in
-        minipar.nn.functional; the dense layer is minipar.nn.CausalSelfAttention.forward.""",
-        """For j = 0, 1, 2 (q, k, v): x @ w_qkv[:, j*C + lo : j*C + hi] + b_qkv[j*C + lo : j*C + hi],
-        shape (B, T, C/p); reshape to (B, T, nh_r, hs) with hs = C // n_heads, nh_r = (hi - lo) // hs,
-        and permute to (B, nh_r, T, hs) with xp.permute_dims (xp = namespace(x): NumPy's or torch's).
-        y = attention_forward(q, k, v)[0], permuted back and reshaped to (B, T, C/p); then
+        """Heads are independent: give each rank its own heads, and everything up to the output
+        projection runs without a message. But w_qkv holds Wq, Wk and Wv side by side, so a rank's
+        heads are one block of columns in each of the three. And the output projection's rows belong
+        to heads too: which split is it, and what does that split need?""",
+        """Your heads' columns: lo, hi = chunk_bounds(C, p)[r] of EACH of Wq, Wk, Wv (w_qkv's column
+        blocks 0:C, C:2C, 2C:3C). For j = 0, 1, 2 (q, k, v): x @ w_qkv[:, j*C + lo : j*C + hi] +
+        b_qkv[j*C + lo : j*C + hi], shape (B, T, C/p); reshape to (B, T, nh_r, hs) with hs = C // n_heads,
+        nh_r = (hi - lo) // hs, and permute to (B, nh_r, T, hs) with xp.permute_dims(a, (0, 2, 1, 3))
+        (xp = namespace(x): NumPy's or torch's). y = attention_forward(q, k, v)[0], permuted back and
+        reshaped to (B, T, C/p); your heads' outputs meet your rows of w_proj: a row split (2.2),
         all_reduce(comm, y @ w_proj[lo:hi]) + b_proj.""",
         """
         B, T, C = x.shape; lo, hi = chunk_bounds(C, p)[r]; hs = C // n_heads; nh = (hi - lo) // hs
@@ -125,55 +139,54 @@ HINTS = {
         return all_reduce(comm, y @ w_proj[lo:hi]) + b_proj
         """,
     ),
+    "2.7": (
+        """The f/g block keeps x whole on every rank and all-reduces fc2's partial sums. A ring
+        all-reduce is a reduce-scatter followed by an all-gather: sequence parallelism keeps the two
+        halves apart. The block is left through the reduce-scatter alone (each rank keeps its own
+        tokens of the sum) and entered through the all-gather alone (the column split needs every
+        token). What runs between them, on the tokens, needs nothing but this rank's own: the
+        LayerNorm, the residual, the bias after the sum.""",
+        """Your tokens: t_lo, t_hi = chunk_bounds(T, p)[r] on axis 1 of x; your hidden columns: lo, hi =
+        chunk_bounds(H, p)[r]. h = norm(x[:, t_lo:t_hi]), (B, T/p, C). minipar.collectives' all_gather
+        and reduce_scatter work along axis 0: put the tokens there first (xp.permute_dims(h, (1, 0, 2)),
+        then minipar.xp.contiguous) and back afterwards. All T tokens through fc1 (your columns), GeLU,
+        fc2 (your rows): a (B, T, C) partial sum; reduce-scatter it along the tokens, then add b2 once
+        and the residual, x's own tokens.""",
+        """
+        xp = namespace(x); B, T, C = x.shape
+        t_lo, t_hi = chunk_bounds(T, p)[r]; lo, hi = chunk_bounds(w1.shape[1], p)[r]
+        mine = x[:, t_lo:t_hi]                                                     # (B, T/p, C)
+        h = all_gather(comm, contiguous(xp.permute_dims(norm(mine), (1, 0, 2))))   # (T, B, C)
+        h = xp.permute_dims(h, (1, 0, 2))                                          # (B, T, C)
+        partial = gelu_forward(h @ w1[:, lo:hi] + b1[lo:hi])[0] @ w2[lo:hi]        # (B, T, C)
+        out = reduce_scatter(comm, contiguous(xp.permute_dims(partial, (1, 0, 2))))  # (T/p, B, C)
+        return xp.permute_dims(out, (1, 0, 2)) + b2 + mine
+        """,
+    ),
+    "2.8": (
+        """Run the forward of your own heads again (it is local up to the projection), then walk it
+        backwards. The projection is a row split: its backward is g's, the identity, since dout is
+        already whole everywhere. Inside a head, attention is softmax(q k^T * scale) @ v: go back
+        through the product with v, the softmax, and q k^T. The input x fed every head's q, k and v:
+        which of your gradients is only a share?""",
+        """y (B, T, C/p): your heads' outputs, merged. dw_proj = y^T dout and db_proj = dout, each summed
+        over B and T; dy = dout @ w_proj[lo:hi].T, split into your heads (B, nh/p, T, hs). With P the
+        probabilities (attention_forward's ctx: (q, k, v, P, scale, ...)): dv = P^T dy; dP = dy v^T;
+        dS = P * (dP - sum(dP * P, last axis, keepdims)) * scale, the softmax's backward, its row-sum
+        term included; dq = dS k; dk = dS^T q. Merge dq, dk, dv back to (B, T, C/p) each and set them
+        side by side: dqkv (B, T, 3C/p). dw_qkv = x^T dqkv, db_qkv = dqkv summed; dx = your share
+        dqkv @ (your columns of w_qkv)^T, all-reduced: the one message.""",
+        """
+        cols = [range(j*C + lo, j*C + hi) for j in range(3)]  # your heads' columns of Wq, Wk, Wv
+        q, k, v = your heads, as in 2.6; y, (_, _, _, P, scale, _, _) = attention_forward(q, k, v)
+        ym = merge(y); dy = split(dout @ w_proj[lo:hi].T)
+        dv = swap(P) @ dy; dP = dy @ swap(v); dS = P * (dP - xp.sum(dP * P, axis=-1, keepdims=True)) * scale
+        dqkv = xp.concat([merge(dS @ k), merge(swap(dS) @ q), merge(dv)], axis=-1)   # (B, T, 3C/p)
+        return (all_reduce(comm, dqkv @ w_qkv[:, cols].T), flat(x).T @ flat(dqkv), sum(dqkv),
+                flat(ym).T @ flat(dout), sum(dout))       # flat: (B*T, ...); sum: over B and T
+        """,
+    ),
 }
-
-
-def mine(comm, n):
-    """(lo, hi): this rank's chunk of n."""
-    return chunk_bounds(n, comm.size)[comm.rank]
-
-
-def cols(comm, a):
-    """My columns chunk of a (last axis)."""
-    lo, hi = mine(comm, a.shape[-1])
-    return a[..., lo:hi]
-
-
-def rows(comm, a):
-    lo, hi = mine(comm, a.shape[0])
-    return a[lo:hi]
-
-
-def shard(comm, a, keep, what):
-    """(a watched copy of a in the backend's kind, NaN outside a[keep]; its entry for used_only_own)."""
-    w = watched(comm.asarray(poisoned(a, keep)))
-    return w, (w, int(np.ones(a.shape)[keep].size), what)
-
-
-def _close(got, want, tol=1e-12):
-    g = to_numpy(got) if got is not None else None
-    return g is not None and g.shape == want.shape and np.allclose(g, want, rtol=tol, atol=tol)
-
-
-def one_all_reduce(comm, g, shape, what, why=""):
-    """The traffic of one ring all-reduce of an array of ``shape`` (float64)."""
-    n = int(np.prod(shape))
-    nbytes, msgs = ring_traffic(chunk_counts(n, comm.size), comm.rank, 8)
-    return expect_traffic(comm, g, f"one ring all-reduce of the {shape} {what}", nbytes, msgs,
-                          hint="it is the only message (minipar.collectives.all_reduce); gathering shards, or a "
-                               "second collective, sends other counts" + (f"; {why}" if why else ""))
-
-
-def no_message(comm, g, why):
-    return expect_traffic(comm, g, why, 0, 0)
-
-
-def _bias_once(comm, got, want, b, what):
-    """A pinpointed message when got = want + (p - 1) b: the bias went in before the sum."""
-    if comm.size > 1 and _close(got, want + (comm.size - 1) * b):
-        return [f"rank {comm.rank}: {what} is off by exactly (p-1)*b = {comm.size - 1}*b: the bias was added on "
-                f"every rank before the all-reduce, so the sum holds it p times; add it once, after the sum"]
-    return []
 
 
 def check_column_forward(comm, fn):

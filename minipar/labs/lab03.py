@@ -18,6 +18,9 @@ split backward and interleaved 1F1B's v = 2 chunks), then *used*: minipar's exec
 tensors), and the loss and every gradient are compared with the dense single-process model
 (float64, only the summation order of the batch differs: relative error <= 1e-12).
 Everywhere, a graded function imported from minipar instead of written is refused (the grader).
+
+Task 3.5 (core: the learner's own executor runs 1F1B on real ranks) is checked in
+``minipar.labs.lab03_executor``.
 """
 from __future__ import annotations
 
@@ -31,9 +34,10 @@ from ..pipeline import (Action, Schedule, ScheduleError, format_grid, gpipe, int
                         one_f_one_b, simulate, validate, zero_bubble_h1)
 from ..pipeline.execute import build_stages, peer_and_tag, reference_step, run_schedule
 from .checks import attempt, graded, no_builtin, stop
+from .lab03_executor import step as executor_step
 from .grader import WORLD_SIZES, Task
 
-TITLE = "pipeline schedules, bubbles and messages"
+TITLE = "pipeline schedules, bubbles and messages, and a 1F1B executor"
 HERE = "minipar.labs.lab03"
 
 TASKS = [
@@ -45,6 +49,9 @@ TASKS = [
          reference=("minipar.pipeline.execute:measured_bubble",)),
     Task("3.4", "send/recv pairing", "peer_and_tag", f"{HERE}:check_peer_and_tag", budget=45,  # 4 s on 4 ranks
          reference=("minipar.pipeline.execute:peer_and_tag",)),
+    Task("3.5", "1F1B on real ranks", "pipeline_step", "minipar.labs.lab03_executor:check_executor", tier="core",
+         reference=("minipar.pipeline.execute:run_schedule", "minipar.pipeline.asynchronous:train_flush",
+                    "minipar.pipeline.asynchronous:train_async")),
 ]
 
 # Hints, stage by stage (`minipar check 03 --hint 3.2`): a nudge naming the idea and what to read,
@@ -52,8 +59,8 @@ TASKS = [
 HINTS = {
     "3.1": (
         """A schedule is data: per rank, the list of Action(stage, kind, microbatch) it runs, in
-        order. In GPipe, rank r (stage r) runs all its forwards, then all its backwards. See one:
-        `minipar schedule gpipe --stages 2 --microbatches 2`; the lesson: notebooks/03_pipeline.ipynb.""",
+        order. GPipe fills the pipeline with every micro-batch before it drains it: on its own stage,
+        a rank has nothing else to decide than the order of two phases.""",
         """For each rank r in range(p): [Action(r, "F", i) for i in range(m)] followed by
         [Action(r, "B", i) for i in range(m)] (first in, first out).""",
         """
@@ -63,7 +70,8 @@ HINTS = {
     "3.2": (
         """1F1B starts each backward as early as it can, so few micro-batches are alive at once: a
         warm-up of forwards, a steady state of one forward then one backward, a cool-down of
-        backwards. See minipar's: `minipar schedule 1f1b --stages 4 --microbatches 6`.""",
+        backwards. How many forwards must rank r run before the first gradient can come back to it?
+        Count the stages after it.""",
         """Rank r warms up with w = min(p - 1 - r, m) forwards (0 .. w-1). Then for i in range(w, m):
         forward i, then the backward of the oldest waiting micro-batch, i - w. Last, the backwards
         m - w .. m - 1. With m < p, w = m: every forward, then every backward.""",
@@ -104,6 +112,36 @@ HINTS = {
             return ((owner[s+1], grad_tag(s, i, m)) if s < last else None,
                     (owner[s-1], grad_tag(s-1, i, m)) if s > 0 else None)
         return None, None
+        """,
+    ),
+    "3.5": (
+        """Walk your actions in order: a forward needs its input (the data on the first stage, a
+        message from the stage before elsewhere), a backward needs its output gradient (the loss's
+        on the last stage, a message from the stage after elsewhere), and each produces what the
+        neighbour's action needs. The order of the actions is safe; the danger is a send that waits
+        for a receiver who is itself waiting to send to you. What kind of send never waits?""",
+        """Receive with a blocking comm.recv exactly where an action needs the data (into
+        comm.empty(shape, dtype) of a micro-batch). Send with comm.isend, which returns at once: keep
+        each request (its array must stay as it is until it completes), drop the ones whose test()
+        is True after every action, and wait for the rest before returning. Tags: act_tag(s + 1, i, m)
+        for F's output to rank s + 1, grad_tag(s - 1, i, m) for B's input gradient to rank s - 1 (the
+        receive uses the tag of the stage it goes into). Keep each forward's saved context in a dict
+        by micro-batch and pop it at its backward.""",
+        """
+        saved, dys, pending, total = {}, {}, [], 0.0
+        for s, kind, i in actions:
+            if kind == "F":
+                x = microbatches[i] if s == 0 else comm.recv(comm.empty(shape, dtype), s - 1, act_tag(s, i, m))
+                y, saved[i] = stage.forward(x)
+                if s == last: value, dys[i] = loss(y, i); total += value
+                else: pending.append(comm.isend(y, s + 1, act_tag(s + 1, i, m)))
+            else:
+                dy = dys.pop(i) if s == last else comm.recv(comm.empty(shape, dtype), s + 1, grad_tag(s, i, m))
+                dx = stage.backward(dy, saved.pop(i))
+                if s > 0: pending.append(comm.isend(dx, s - 1, grad_tag(s - 1, i, m)))
+            pending = [q for q in pending if not q.test()]
+        for q in pending: q.wait()
+        return total if s == last else None
         """,
     ),
 }
@@ -370,13 +408,14 @@ def check_peer_and_tag(comm, fn):
 INVALID = {ScheduleError: "not a valid schedule"}  # what attempt() reports for a broken schedule
 
 
-def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, m=None):
+def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, step_fn=None, m=None):
     """What ``mpiexec -n P python -m mpi4py labs/03_pipeline/exercise.py`` (or the same file under
     ``torchrun --nproc-per-node P``) shows: on rank 0 the grid of the learner's GPipe and 1F1B
     for p = P ranks, each with its simulated bubble (through the learner's ``bubble_fraction``)
     against (p-1)/(m+p-1) and its peak in-flight activations; then, on every rank, one real
     training step of the learner's 1F1B (minipar's if theirs is missing or invalid) with every
-    message placed by the learner's pairing."""
+    message placed by the learner's pairing; then (``step_fn``, task 3.5) one step of 1F1B run by
+    the learner's own executor, its messages checked as task 3.5's grader checks them."""
     p = comm.size
     m = m or 2 * p
     run_sched = one_f_one_b(p, m)
@@ -415,4 +454,17 @@ def demo(comm, gpipe_fn, one_f_one_b_fn, bubble_fn, pairing_fn, m=None):
             print(f"\n== a training step of {run_sched.name}{whose} on {p} ranks with your peer_and_tag: "
                   f"loss {loss:.12f}, dense model {ref_loss:.12f}, relative error "
                   f"{rel_error(np.float64(loss), np.float64(ref_loss)):.2g}")
+    if step_fn is not None:
+        ran, why = attempt(lambda: executor_step(comm, step_fn, p, m))
+        if comm.rank == p - 1:
+            if why:
+                print(f"\n== your pipeline_step: {why}")
+            else:
+                g, stage, _, _, _, _, ref_loss = ran
+                held = len(stage.at_peak)
+                print(f"\n== your pipeline_step, 1F1B p={p} m={m}: loss "
+                      + (f"{g.out:.12f}" if isinstance(g.out, float) else repr(g.out))
+                      + f", dense model {ref_loss:.12f}; the last stage held the activations of at most {held} "
+                        f"micro-batch{'es' if held != 1 else ''} at once", flush=True)
+    if comm.rank == 0:
         print("now grade it: minipar check 03", flush=True)

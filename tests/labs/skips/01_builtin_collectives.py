@@ -1,5 +1,7 @@
 """Skips the technique: lab 01's collectives by the engine's own (comm.builtin), the right values.
 
+BACKENDS: mpi torch  (torch's builtins differ from MPI's (its reduce_scatter is its all_reduce))
+
 EXPECT 1.3: rank 0 called comm.builtin.reduce_scatter inside ring_reduce_scatter: comm.builtin is the engine's own collective
 EXPECT 1.4: rank 0 called comm.builtin.all_gather inside ring_all_gather
 EXPECT 1.5: rank 0 called comm.builtin.all_reduce inside ring_all_reduce

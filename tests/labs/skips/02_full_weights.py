@@ -2,6 +2,8 @@
 split, no all-reduce) and keeps what its shard would have given. The grader hands each rank
 the other ranks' parts as NaN and watches what it multiplies.
 
+BACKENDS: mpi torch  (torch's own-data rule reads a watched tensor, NumPy's a watched array)
+
 EXPECT 2.1: rank 0 computed with 288 elements of w at once inside column_forward; it owns columns 0:12 (144 elements)
 EXPECT 2.2: rank 0: Y = sum_r X_r @ A_r + b is NaN at element 0 (60 of 60 elements NaN): rank 0 computed with data it does not own
 EXPECT 2.4: rank 0 computed with 120 elements of x at once inside row_backward; it owns columns 0:12 (60 elements)

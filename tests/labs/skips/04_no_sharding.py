@@ -3,6 +3,8 @@ rank updates the whole parameter with full Adam state, no all-gather), ZeRO-2 wi
 all-reduce and a slice, ZeRO-3 gathering every layer up front (each freed after its use, but
 all held at once), and bucketing that ignores the buckets.
 
+BACKENDS: mpi torch  (torch's memory count is its own (tensor storages), NumPy's tracemalloc)
+
 EXPECT 4.2: bucket_bytes=100: expected 4 calls of minipar.collectives.all_reduce for buckets [[0], [1, 2], [3], [4]]
 EXPECT 4.3: rank 0: the new parameter is NaN at element 5 (5 of 10 elements NaN): rank 0 computed with data it does not own
 EXPECT 4.4: rank 0 sent 80 bytes through comm; a ring reduce-scatter of the padded gradient (n=10 on 2 ranks; padded to 10, rank 0's shard = [0, 5)) on 2 ranks sends exactly 40 (the trace shows all_reduce:ring x1)

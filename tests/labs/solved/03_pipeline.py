@@ -50,3 +50,28 @@ def peer_and_tag(action, schedule):
         return ((owner[s + 1], grad_tag(s, i, m)) if s < last else None,
                 (owner[s - 1], grad_tag(s - 1, i, m)) if s > 0 else None)
     return None, None
+
+
+def pipeline_step(comm, actions, stage, microbatches, loss):
+    m, last, me = len(microbatches), comm.size - 1, comm.rank
+    shape, dtype = tuple(microbatches[0].shape), microbatches[0].dtype
+    saved, dys, pending, total = {}, {}, [], 0.0
+    for s, kind, i in actions:
+        if kind == "F":
+            x = microbatches[i] if s == 0 else comm.recv(comm.empty(shape, dtype), s - 1, act_tag(s, i, m))
+            y, saved[i] = stage.forward(x)
+            if s == last:
+                value, dys[i] = loss(y, i)
+                total += value
+            else:
+                pending.append(comm.isend(y, s + 1, act_tag(s + 1, i, m)))  # never waits: no deadlock
+        else:
+            dy = dys.pop(i) if s == last else comm.recv(comm.empty(shape, dtype), s + 1, grad_tag(s, i, m))
+            dx = stage.backward(dy, saved.pop(i))  # the micro-batch's activations go here
+            if s > 0:
+                pending.append(comm.isend(dx, s - 1, grad_tag(s - 1, i, m)))
+        x = y = dy = dx = None
+        pending = [req for req in pending if not req.test()]  # a completed send frees its array
+    for req in pending:
+        req.wait()
+    return total if me == last else None
