@@ -30,6 +30,7 @@ class Lesson:
     cli: str | None = None  # the module with add_verbs(verbs), the lesson's verbs (default: minipar.cli.<name>)
     verbs: tuple[str, ...] = ()  # the verbs that module adds: "run collectives", "bench collectives", "schedule"
     drivers: tuple[str, ...] = ()  # its driver modules in minipar/lessons/ (default: minipar.lessons.<name>)
+    backends: tuple[str, ...] = ("mpi", "torch")  # what its driver and lab run on; the first is the default
 
     def __post_init__(self):
         default = {"packages": (f"minipar.{self.name}",), "run": self.name, "cli": f"minipar.cli.{self.name}",
@@ -112,6 +113,20 @@ LESSONS = [
            ("auto_parallel_strategy.png", "auto_parallel_sim_vs_measured.png"),
            packages=("minipar.autoparallel",), run="auto_parallel",
            verbs=("search", "run auto_parallel")),
+    # A lesson of its own, not the last sections of 02 and 04: it needs torch (every lesson before it
+    # runs on NumPy over MPI without torch installed), one model goes through both lessons' engines
+    # (DDP, ZeRO-1/2, FSDP and the TP plan), and it ends where a learner goes next, torch's own
+    # engines. Named "torch_engines" (not "torch", the package's name) as `minipar run torch_engines`
+    # and `minipar bench torch` read: minipar's engines on torch modules. Torch only (``backends``):
+    # there is no autograd to hook into on MPI; its lab is graded on torch tensors.
+    Lesson("09", "torch_engines", "From minipar to PyTorch: DDP, a sharded optimizer, FSDP and a TP plan on any "
+           "torch.nn.Module", "minipar.lessons.torch_engines:tour", ("minipar.figures.torch_engines",),
+           "labs/09_torch", "notebooks/09_torch_engines.ipynb",
+           ("torch_ddp_overlap.png", "torch_fsdp_memory.png"),
+           packages=("minipar.torch",), backends=("torch",),
+           verbs=("run torch_engines", "bench torch"),
+           drivers=("minipar.lessons.torch_engines", "minipar.lessons.torch_ddp", "minipar.lessons.torch_fsdp",
+                    "minipar.lessons.torch_tp")),
 ]
 
 

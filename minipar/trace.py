@@ -170,7 +170,8 @@ class Buffers:
     while tracing, its lifetime is also one ``buffer`` event (allocation to free, its bytes) on
     the "buffers" lane of the Chrome trace. A buffer still alive is in :meth:`open_events`.
     Both off, naming a buffer costs two attribute tests. Shared by a communicator and its
-    sub-communicators, like the tracer.
+    sub-communicators, like the tracer, and by the threads that use them (``minipar.torch``'s DDP
+    runs its rings on one): what is alive is read from a copy.
     """
 
     def __init__(self, tracer):
@@ -210,13 +211,13 @@ class Buffers:
     def alive(self) -> dict:
         """{kind: bytes} of the named buffers alive now."""
         out = defaultdict(int)
-        for kind, _, n, _, _ in self.live.values():
+        for kind, _, n, _, _ in self.live.copy().values():  # a copy: a communication thread may add one meanwhile
             out[kind] += n
         return dict(out)
 
     def labels(self, kind) -> dict:
         """{label: bytes} of the buffers of ``kind`` alive now (one per unit, bucket, ...)."""
-        return {label: n for k, label, n, _, _ in self.live.values() if k == kind}
+        return {label: n for k, label, n, _, _ in self.live.copy().values() if k == kind}
 
     def report(self) -> dict:
         """{kind: {"peak_bytes", "allocations", "allocated_bytes", "alive_bytes"}} since :meth:`reset`."""
@@ -229,7 +230,7 @@ class Buffers:
         """The traced buffers still alive, as events ending now."""
         t = time.perf_counter()
         return [Event(self.tracer.rank, "buffer", f"{kind} {label}".strip(), t0, t, n, -1)
-                for kind, label, n, t0, traced in self.live.values() if traced]
+                for kind, label, n, t0, traced in self.live.copy().values() if traced]
 
 
 # ---------------------------------------------------------------- merging across ranks

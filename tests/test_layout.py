@@ -12,7 +12,7 @@ from minipar.course import LESSONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LESSONS_DIR = ROOT / "minipar" / "lessons"
-SHARED = {"__init__", "common", "fixtures"}  # the package, the check harness, lesson 04's models and data
+SHARED = {"__init__", "common", "fixtures", "torch_fixtures"}  # the package, the check harness, lessons 04's and 09's models and data
 ENTRY = "main"  # python -m minipar.lessons.X: the mpiexec entry
 
 

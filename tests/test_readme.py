@@ -38,6 +38,9 @@ FAST = [
     (r"^minipar bench tp -n 2$", "minipar bench tp -n 2 --sizes 8 --reps 1 --budget 0.01"),
     (r"^minipar figures", "minipar figures --only 01 --quick"),
     (r"--budget 20", "--budget 1 --reps 1"),
+    (r"^minipar run -n 3 torch_engines$", "minipar run -n 2 torch_engines --quick"),
+    (r"^minipar bench torch$", "minipar bench torch --layers 2 --width 64 --batch 8 --steps 1"),
+    (r"^minipar check 09$", "minipar check 09 --solution --task 9.3"),  # no lab 09 workspace in that folder
 ]
 
 

@@ -1,8 +1,9 @@
 """minipar.torch: DDP, ShardedOptimizer, FSDP and the TP plan on torch modules, over minipar's rings.
 
 Each engine against one process, against torch's own, and by the bytes the trace saw, on a small
-GPT and on a model with every awkward part (tests/torch_models.py), at world sizes 2 and 3: one
-launch per world size runs every check (tests/torch_engines_ranks.py), the tests read its rows.
+GPT and on a model with every awkward part (minipar/lessons/torch_fixtures.py), at world sizes 2
+and 3: one launch per world size runs lesson 09's checks (minipar/lessons/torch_*.py, through
+tests/torch_engines_ranks.py), the tests read its rows.
 Planted bugs each fail a named check; bad input fails in one line before any step.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from minipar.errors import UsageError
 
 torch = pytest.importorskip("torch")
 
-from tests.torch_models import GPT, Block, Gate, make  # noqa: E402
+from minipar.lessons.torch_fixtures import GPT, Block, Gate, make  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
 
@@ -36,7 +37,7 @@ def battery(n):
 
 def assert_rows(n, prefix, least):
     rows = {k: r for k, r in battery(n)[0].items() if k.startswith(prefix)}
-    bad = [f"{k}: error {r['error']:.3g} > {r['tol']:g}" for k, r in rows.items() if not r["ok"]]
+    bad = [f"{k}: error {r['error']:.3g} > {r['tolerance']:g}" for k, r in rows.items() if not r["ok"]]
     assert not bad, "\n".join(bad)
     assert len(rows) >= least, sorted(rows)
     return rows
@@ -50,7 +51,7 @@ def assert_rows(n, prefix, least):
 @pytest.mark.parametrize("n", [2, 3])
 def test_ddp_matches_one_process_torch_ddp_and_its_bytes(n):
     rows = assert_rows(n, "DDP ", 16)
-    assert rows["DDP gpt: == torch DistributedDataParallel"]["tol"] == (0.0 if n == 2 else 1e-12)
+    assert rows["DDP gpt: == torch DistributedDataParallel"]["tolerance"] == (0.0 if n == 2 else 1e-12)
     facts = battery(n)[1]
     assert facts["unused"] == 0.0 and facts["frozen_none"] and facts["slots"] == facts["trainable"]
 
@@ -60,7 +61,7 @@ def test_ddp_matches_one_process_torch_ddp_and_its_bytes(n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_sharded_optimizer_matches_one_process_zero_redundancy_optimizer_and_its_bytes(n):
     rows = assert_rows(n, "ShardedOptimizer ", 20)
-    assert rows["ShardedOptimizer gpt zero=1: Adam == DDP + Adam on every parameter"]["tol"] == 0.0  # bitwise
+    assert rows["ShardedOptimizer gpt zero=1: Adam == DDP + Adam on every parameter"]["tolerance"] == 0.0  # bitwise
 
 
 @pytest.mark.mpi
@@ -134,7 +135,7 @@ def test_inside_a_process_group_the_script_made(tmp_path):
     mp.start_processes(_user_group, args=(2, port, str(tmp_path / "rows")), nprocs=2, start_method="fork")
     for rank in range(2):
         rows = pickle.loads((tmp_path / f"rows.{rank}").read_bytes())
-        bad = [f"rank {rank} {r['check']}: {r['error']:.3g}" for r in rows if not r["ok"]]
+        bad = [f"rank {rank} {r['what']}: {r['error']:.3g}" for r in rows if not r["ok"]]
         assert len(rows) == 4 and not bad, bad
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import textwrap
 import time
@@ -62,8 +63,9 @@ def add_verbs(top) -> Verbs:
     c.add_argument("--file", help="the exercise file to grade (default: your workspace's, "
                                   "./minipar-labs/NN_topic/exercise.py, made by `minipar lab start NN`)")
     c.add_argument("--solution", action="store_true", help="grade minipar's own implementation (must pass)")
-    c.add_argument("--backend", choices=("mpi", "torch"), default="mpi",
-                   help="grade on NumPy arrays over MPI (default) or on torch tensors over torch.distributed")
+    c.add_argument("--backend", choices=("mpi", "torch"), default=None,
+                   help="grade on NumPy arrays over MPI (the default) or on torch tensors over torch.distributed "
+                        "(lab 09, about torch's engines, is graded on torch only, its default)")
     c.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="with --backend torch: the tensors' device (default cpu, gloo; cuda: NCCL)")
     c.add_argument("--timeout", type=nonnegative_float, default=20.0, help="seconds a rank may stay blocked in one call before its job is ended (default 20); each "
@@ -148,7 +150,8 @@ def run_by_lesson(argv: list[str]) -> list[str]:
 def cmd_lessons(args):
     for ls in LESSONS:
         print(f"{ls.key}  {ls.name:<18} {ls.title}")
-        print(f"    library: {', '.join(ls.packages)}   run: minipar run {ls.run}")
+        print(f"    library: {', '.join(ls.packages)}   run: minipar run {ls.run}"
+              + (f"   (on {' and '.join(ls.backends)} only)" if len(ls.backends) == 1 else ""))
         print(f"    checks: {', '.join(ls.drivers)}   (the tour runs {ls.driver})")
         print(f"    lab: {ls.lab + f'   (minipar check {ls.key}; graded by {ls.grader})' if ls.lab else 'none'}   "
               f"notebook: {ls.notebook or 'none'}")
@@ -196,8 +199,9 @@ def cmd_lab_start(args):
     grade = f"minipar check {ls.key}" + ("" if default else f" --file {written[0]}")
     first = tasks_of(ls)[0]
     print(f"\nthe tasks: {workspace.skeleton(ls) / 'README.md'}\nnext, from {Path.cwd()}:")
+    other = list(ls.backends[1:])  # lab 09 is graded on torch only: no other backend to offer
     for command, what in ((grade, "grade every task"), (f"{grade} --task {first}", "grade one task"),
-                          (f"{grade} --backend torch", "grade it on torch tensors"),
+                          *[(f"{grade} --backend {b}", "grade it on torch tensors") for b in other],
                           (f"{grade.replace(' --file', f' --hint {first} --file')}" if not default else
                            f"{grade} --hint {first}", "stuck? a hint, one stage at a time")):
         print(f"  {command:<44} # {what}" if len(command) < 44 else f"  {command}\n  {'':<44} # {what}")
@@ -238,6 +242,18 @@ def resolve_device(backend, device):
     return device
 
 
+def tour_backend(ls, backend):
+    """(the backend lesson ``ls`` runs on in a tour on ``backend``, words for the progress line): its
+    own when it runs on one backend only (lesson 09: torch), or (None, why) when that backend is
+    not installed: the tour goes on without it."""
+    if backend in ls.backends:
+        return backend, ""
+    own = ls.backends[0]
+    if own == "torch" and importlib.util.find_spec("torch") is None:
+        return None, 'it runs on torch, which is not installed (pip install -e ".[torch]")'
+    return own, f" on {own} (the only backend it runs on)"
+
+
 def cmd_tour(args) -> int:
     lessons = [lesson(args.only)] if args.only else LESSONS
     device = resolve_device(args.backend, args.device)
@@ -248,10 +264,15 @@ def cmd_tour(args) -> int:
           + (f"figures go to {args.out}/" if args.figures else "checks only, no figures"), flush=True)
     table, figures, ok = [], [], True
     for i, ls in enumerate(progress(lessons, desc="tour", unit="lesson"), 1):
-        print(f"[{i}/{len(lessons)}] {ls.key} {ls.name}: running on {args.n} ranks ...", flush=True)
+        backend, on = tour_backend(ls, args.backend)
+        if backend is None:
+            print(f"[{i}/{len(lessons)}] {ls.key} {ls.name}: skipped: {on}", flush=True)
+            continue
+        lesson_device = device if backend == args.backend else resolve_device(backend, args.device)
+        print(f"[{i}/{len(lessons)}] {ls.key} {ls.name}: running on {args.n} ranks{on} ...", flush=True)
         t0 = time.perf_counter()
         try:
-            out = launch(args.n, ls.driver, backend=args.backend, device=device, quiet=True)
+            out = launch(args.n, ls.driver, backend=backend, device=lesson_device, quiet=True)
             rows = merge_rows(out.results)
         except LaunchError as err:
             rows = [{"what": "the lesson's run", "error": float("nan"), "tolerance": 0.0, "ok": False}]
@@ -260,7 +281,7 @@ def cmd_tour(args) -> int:
         print(f"      checked {len(rows)} results in {ran:.1f} s" + ("; drawing figures ..." if args.figures else ""),
               flush=True)
         for module in ls.figures_modules if args.figures else ():
-            figures += importlib.import_module(module).make(args.out, quick=True, backend=args.backend, device=device)
+            figures += importlib.import_module(module).make(args.out, quick=True, backend=backend, device=lesson_device)
         took = time.perf_counter() - t0
         for j, r in enumerate(rows):
             table.append((ls.key + " " + ls.name if j == 0 else "", r, took if j == 0 else None))

@@ -76,7 +76,7 @@ def source_text(obj, docstring: bool = True) -> str:
     name: ``# minipar/collectives.py: ring_steps``. ``docstring=False`` leaves the docstring out
     (one comment line says where to read it)."""
     lines, _ = inspect.getsourcelines(obj)
-    path = pathlib.Path(inspect.getsourcefile(obj)).resolve()
+    path = pathlib.Path(inspect.getsourcefile(inspect.unwrap(obj))).resolve()  # a decorated method: its own file
     package = pathlib.Path(__file__).resolve().parents[1]  # minipar/
     where = path.relative_to(package.parent).as_posix() if path.is_relative_to(package.parent) else path.name
     name = f"{obj.__module__}.{obj.__qualname__}"

@@ -39,8 +39,10 @@ What it grades: ``--file``'s exercise, else the learner's workspace copy at
 says so); ``--solution`` grades minipar's reference. The repository's ``labs/NN_*/exercise.py``
 is the skeleton: the tests grade it with ``--file``, and no command writes it.
 
-A lab is one entry of ``minipar.course.LESSONS`` (its folder, grader and solution modules); its
-grader module defines ``TITLE`` and ``TASKS`` (a list of :class:`Task`).
+A lab is one entry of ``minipar.course.LESSONS`` (its folder, grader and solution modules, and the
+backends it is graded on: ``Lesson.backends``, the first the default; lab 09 is graded on torch
+only, and ``--backend mpi`` is refused in one line before any rank starts); its grader module
+defines ``TITLE`` and ``TASKS`` (a list of :class:`Task`).
 """
 from __future__ import annotations
 
@@ -377,6 +379,10 @@ def main(args) -> int:
 
 def _main(args) -> int:
     lesson, lab = load_lab(args.lab)
+    backend = getattr(args, "backend", None) or lesson.backends[0]
+    if backend not in lesson.backends:  # lab 09 (torch's engines) has nothing to grade on MPI
+        raise UsageError(f"lab {lesson.key} is graded on {' and '.join(lesson.backends)} only, not on {backend} "
+                         f"(drop --backend {backend})")
     tasks = lab.TASKS
     if args.task:
         known = [t.key for t in tasks]
@@ -390,7 +396,6 @@ def _main(args) -> int:
         path = str(graded_file(lesson, args.file))
         shown = os.path.relpath(path)
         solution, what = None, path if shown.startswith("..") else os.path.join(".", shown)
-    backend = getattr(args, "backend", "mpi")
     on = "NumPy arrays over MPI" if backend == "mpi" else f"torch tensors over torch.distributed ({args.device or 'cpu'})"
     print(f"lab {lesson.key}: {lab.TITLE}\ngrading {what}\non {on}\n", flush=True)
     traces = {} if getattr(args, "trace", None) else None
