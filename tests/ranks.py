@@ -148,6 +148,22 @@ def split_in_world_order_only(comm):
     return same.rank == comm.rank, refused
 
 
+def split_some_then_grid(comm):
+    """Only the two end ranks form a group (the others pass color None), then every rank builds a
+    grid's groups: on torch, each rank's count of groups must stay in step, or the next group's
+    rendezvous never completes (the watchdog would report a rank stuck in new_group). Returns
+    the sum over each axis of the ranks, all-reduced on the new groups."""
+    from minipar.collectives import all_reduce
+    from minipar.grid import Grid
+
+    ends = comm.split(0 if comm.rank in (0, comm.size - 1) else None, key=comm.rank, name="ends")
+    with comm.watchdog.within("the grid's groups", 20):  # a rank stuck in new_group ends the job
+        grid = Grid(comm, 1, 2, comm.size // 2)
+    x = comm.asarray([float(comm.rank)])
+    return (None if ends is None else float(all_reduce(ends, x)[0]),
+            float(all_reduce(grid.pp, x)[0]), float(all_reduce(grid.tp, x)[0]))
+
+
 def step_peak(comm, recompute):
     """(the bytes NumPy allocates at the peak of one training step, over what was held before it;
     the trainer's ledger of activations held between pipeline actions). tracemalloc sees every

@@ -107,3 +107,14 @@ def test_torch_split_where_groups_keep_the_world_order():
     for same, refused in launch(2, "tests.ranks:split_in_world_order_only", backend="torch", quiet=True).results:
         assert same
         assert "unlike the world's" in refused and "torch >= 2.13" in refused
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(120)
+def test_torch_split_that_leaves_ranks_out_keeps_the_next_groups_working():
+    """A split where some ranks join no group (color None), then a grid's groups on every rank:
+    torch names a new group by how many groups its process holds, so the ranks left out must
+    make one too, or the next group's ranks wait for each other under different names."""
+    pytest.importorskip("torch")
+    out = launch(4, "tests.ranks:split_some_then_grid", backend="torch", quiet=True, watchdog=30).results
+    assert out == [(3.0, 2.0, 1.0), (None, 4.0, 1.0), (None, 2.0, 5.0), (3.0, 4.0, 5.0)]

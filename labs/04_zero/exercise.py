@@ -3,23 +3,33 @@
 Fill in each function below, then run it on real ranks and grade it:
 
     mpiexec -n 4 python -m mpi4py minipar-labs/04_zero/exercise.py     # see what your code does
+    torchrun --standalone --nproc-per-node 4 minipar-labs/04_zero/exercise.py   # the same, torch
     minipar check 04                                           # grade every task
     minipar check 04 --task 4.3                                # grade one task
+    minipar check 04 --backend torch                           # grade it on torch tensors
 
 Communicate with minipar.collectives (all_reduce, reduce_scatter, all_gather: rings on
 send/recv, traced, so the grader can count what you sent). comm.builtin is off limits.
-Arrays are 1-D NumPy float64 unless a docstring says otherwise.
+Arrays are 1-D float64 unless a docstring says otherwise.
+
+One code, two backends: the arrays are NumPy arrays under MPI and torch tensors under
+torch.distributed. Allocate, copy and concatenate through minipar.xp, which follows its
+argument's kind, dtype and device: zeros(shape, like=x), copy(x), size(x) (elements),
+namespace(x).concat([...]) (NumPy's or torch's functions, by the array-API names).
 
 The grader checks the technique, not only the values: the bytes each rank sends must be exactly
 what the task's collective sends (a reduce-scatter is not an all-reduce), the parts of the
 averaged gradient other ranks update are NaN on your rank in 4.3, and in 4.5 it counts the
 bytes your call holds at its peak: one layer's full weights at a time.
 """
+import math  # noqa: F401  math.prod(shape): elements of a shape
+
 import numpy as np
 
 import minipar
 from minipar.collectives import all_gather, all_reduce, reduce_scatter  # noqa: F401
 from minipar.optim import adam_step  # noqa: F401  adam_step(param, grad, m, v, step, lr): in place
+from minipar.xp import copy, namespace, size, zeros  # noqa: F401  x's kind (NumPy or torch), dtype, device
 
 
 def average_gradients(comm, grads):
@@ -36,11 +46,12 @@ def bucketed_average(comm, grads, bucket_bytes):
     """The same average with far fewer messages: pack the gradients into flat buckets.
 
     Walk the gradients in order; add each one to the current bucket while the bucket stays
-    <= bucket_bytes (g.nbytes), else start a new bucket. A gradient is never split (one bigger
-    than bucket_bytes gets a bucket of its own). One all_reduce per bucket; then unpack.
+    <= bucket_bytes (g.nbytes; a bucket may hold exactly bucket_bytes), else start a new bucket.
+    A gradient is never split (one bigger than bucket_bytes gets a bucket of its own). One
+    all_reduce per bucket; then unpack.
     """
-    # TODO(lab4.2): group indices into buckets, np.concatenate each bucket's raveled gradients,
-    #               all_reduce it, divide by p, and cut it back into the original shapes
+    # TODO(lab4.2): group indices into buckets, concatenate each bucket's flattened gradients
+    #               (namespace(g).concat), all_reduce it, divide by p, cut it back into the shapes
     raise NotImplementedError("lab 4.2")
 
 
@@ -80,9 +91,8 @@ def zero3_forward(comm, shards, shapes, x, layer):
 
 
 if __name__ == "__main__":
-    comm = minipar.init("mpi")
-    rng = np.random.default_rng(comm.rank)
-    g = rng.standard_normal(7)
+    comm = minipar.init("auto")  # NumPy over MPI under mpiexec, torch tensors under torchrun
+    g = comm.asarray(np.random.default_rng(comm.rank).standard_normal(7))
     for name, call in [("average_gradients", lambda: average_gradients(comm, [g])[0]),
                        ("zero2_grad_shard", lambda: zero2_grad_shard(comm, g))]:
         try:

@@ -3,12 +3,20 @@
 Fill in each function below, then run it on real ranks and grade it:
 
     mpiexec -n 8 python -m mpi4py minipar-labs/05_3d/exercise.py     # see what your code does (1, 2, 4 or 8 ranks)
+    torchrun --standalone --nproc-per-node 8 minipar-labs/05_3d/exercise.py   # the same, torch
     minipar check 05                                         # grade every task
     minipar check 05 --task 5.2                              # grade one task
+    minipar check 05 --backend torch                         # grade it on torch tensors
 
 Communicate with minipar.collectives (all_reduce: a ring on send/recv, traced, so the grader
 can count what you sent) or comm's own send/recv/sendrecv. comm.builtin is off limits.
-Arrays are NumPy float64 unless a docstring says otherwise.
+Arrays are float64 unless a docstring says otherwise.
+
+One code, two backends: the arrays are NumPy arrays under MPI and torch tensors under
+torch.distributed. Compute with the array namespace of your inputs, xp = namespace(x) (NumPy's
+or torch's functions by the array-API names: xp.exp, xp.max(z, axis=-1), xp.stack, ...), and
+allocate with minipar.xp: empty(shape, like=x), zeros(shape, like=x), both of x's kind, dtype
+and device.
 
 The grader checks the technique, not only the values: in 5.2 the other ranks' logits are NaN on
 your rank and only 3N numbers may travel (never the logits); in 5.3 only the two ends of the
@@ -17,11 +25,14 @@ one per micro-batch; in 5.5 each rank's piece of a dropout mask must be a slice 
 process draws; in 5.6 you are handed only your own shards (the other dp ranks' elements are NaN)
 and the norm must be one process's to 1e-12.
 """
+import math  # noqa: F401
+
 import numpy as np  # noqa: F401
 
 import minipar
 from minipar.collectives import all_reduce  # noqa: F401  all_reduce(comm, x, op="sum" | "max")
 from minipar.xp import chunk_bounds  # noqa: F401  chunk_bounds(n, p)[r]: rank r's [lo, hi) of n
+from minipar.xp import device, empty, namespace, zeros  # noqa: F401  of x's kind (NumPy or torch), dtype, device
 
 
 def grid_groups(dp, pp, tp, rank):
@@ -129,5 +140,5 @@ def global_grad_norm(grid, grads):
 if __name__ == "__main__":
     from minipar.labs.lab05 import demo
 
-    demo(minipar.init("mpi"), grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step, dropout_mask,
-         global_grad_norm)
+    comm = minipar.init("auto")  # NumPy over MPI under mpiexec, torch tensors under torchrun
+    demo(comm, grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step, dropout_mask, global_grad_norm)

@@ -294,6 +294,11 @@ class TorchComm(Comm):
     def _split(self, color, key, name):
         everyone = _allgather_object(self, (color, key, self.world_rank(self.rank)))
         if color is None:
+            # a group of this rank alone, never used: torch names a locally synchronized group by its
+            # ranks and by how many groups this process holds (len(_world.pg_names)), so a rank that
+            # made one group fewer than its future partners names their next group otherwise, and the
+            # rendezvous under that name never completes (torch 2.13: two ends split off, then a grid)
+            dist.new_group([self.world_rank(self.rank)], use_local_synchronization=True)
             return None
         members = sorted((k, w) for c, k, w in everyone if c == color)
         ranks = [w for _, w in members]

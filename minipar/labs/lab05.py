@@ -50,6 +50,9 @@ from ..xp import chunk_bounds, to_numpy
 from .checks import (COLLECTIVES, attempt, chunk_counts, compare, draw, expect_traffic, graded, no_builtin, poisoned,
                      ring_traffic, sent_by_learner, stop, used_only_own, watched)
 from .grader import Task
+from .lab05_dropout import DROPOUT_HINTS
+from .lab05_norm import NORM_HINTS
+from .lab05_step import STEP_HINTS
 
 TITLE = "3D parallelism: the grid's groups, vocab-parallel cross-entropy, the tied weight, DP after the flush"
 HERE = "minipar.labs.lab05"
@@ -85,18 +88,20 @@ HINTS = {
         """A softmax over a split vocabulary: each rank sums exp over its own columns, and the partial
         sums add up only if every rank subtracted the same shift, the row's global max. So
         all_reduce(comm, row maxima, op="max") first, then one all_reduce (sum) of your partial sums
-        together with the label's logit (0 on the ranks that do not own the label).""",
-        """lo, hi = chunk_bounds(V, p)[rank]; z = logits[..., lo:hi]; m = all_reduce(comm, z.max(-1),
-        op="max"); e = exp(z - m[..., None]); mine = (lo <= labels) & (labels < hi); label_z = z at
-        column labels - lo, minus m, where mine, else 0. s, label_z = all_reduce(comm,
-        np.stack([e.sum(-1), label_z])). loss = mean(log s - label_z); your dlogits = (e / s[..., None]
-        - your columns of onehot(labels)) / N.""",
+        together with the label's logit (0 on the ranks that do not own the label). Compute with
+        xp = minipar.xp.namespace(logits): NumPy's or torch's functions, by the array-API names.""",
+        """lo, hi = chunk_bounds(V, p)[rank]; z = logits[..., lo:hi]; m = all_reduce(comm, xp.max(z,
+        axis=-1), op="max"); e = xp.exp(z - m[..., None]); onehot = your columns of onehot(labels):
+        labels[..., None] == xp.arange(lo, hi), as z's dtype (xp.astype); label_z = xp.sum((z -
+        m[..., None]) * onehot, axis=-1) (0 where the label is not yours). s, label_z = all_reduce(comm,
+        xp.stack([xp.sum(e, axis=-1), label_z])). loss = mean(log s - label_z); your dlogits = (e /
+        s[..., None] - onehot) / N.""",
         """
-        at = np.where(mine, labels - lo, 0)
-        label_z = np.where(mine, np.take_along_axis(z, at[..., None], -1)[..., 0] - m, 0.0)
-        s, label_z = all_reduce(comm, np.stack([e.sum(axis=-1), label_z]))
-        onehot = np.zeros_like(e); np.put_along_axis(onehot, at[..., None], mine[..., None].astype(e.dtype), -1)
-        return np.sum(np.log(s) - label_z) / labels.size, (e / s[..., None] - onehot) / labels.size
+        xp = namespace(logits); n = math.prod(labels.shape)
+        onehot = xp.astype(labels[..., None] == xp.arange(lo, hi, device=device(z)), z.dtype)
+        label_z = xp.sum((z - m[..., None]) * onehot, axis=-1)
+        s, label_z = all_reduce(comm, xp.stack([xp.sum(e, axis=-1), label_z]))
+        return xp.sum(xp.log(s) - label_z) / n, (e / s[..., None] - onehot) / n
         """,
     ),
     "5.3": (
@@ -104,64 +109,19 @@ HINTS = {
         tied weight, and both need the sum: one exchange between the two, with pp.sendrecv (or an
         all_reduce over a group of the two, made with pp.split(color, key)).""",
         """With pp.size == 1, or on a middle stage (grad is None), return grad as it is. On an end:
-        the other end is the opposite rank; theirs = pp.sendrecv(grad, other, np.empty_like(grad),
-        other); return grad + theirs (a + b == b + a bitwise: both ends agree).""",
+        the other end is the opposite rank; theirs = pp.sendrecv(grad, other, empty(grad.shape,
+        like=grad), other) (empty from minipar.xp: grad's kind, dtype and device); return grad +
+        theirs (a + b == b + a bitwise: both ends agree).""",
         """
         if pp.size == 1 or grad is None:
             return grad
         other = pp.size - 1 if pp.rank == 0 else 0
-        return grad + pp.sendrecv(grad, other, np.empty_like(grad), other)
+        return grad + pp.sendrecv(grad, other, empty(grad.shape, like=grad), other)
         """,
     ),
-    "5.4": (
-        """One step's gradients: zero them, run the pipeline once (every micro-batch accumulates into
-        grads), add the tied copies (5.3 over grid.pp), then average over the data-parallel group:
-        once, after the flush, not per micro-batch.""",
-        """Write into the arrays (g[...] = ...): the caller holds them. Every stage calls sync_tied
-        (with None in the middle), and the sum goes back into tied[...] where it returns one; the average is all_reduce(grid.dp, g) / grid.dp.size.""",
-        """
-        for g in grads: g[...] = 0
-        pipeline()
-        summed = sync_tied(grid.pp, tied)       # on every stage: a pp.split inside needs them all
-        if summed is not None: tied[...] = summed
-        for g in grads: g[...] = all_reduce(grid.dp, g) / grid.dp.size
-        """,
-    ),
-    "5.5": (
-        """A mask that is a function of (key, the element's global index) and of nothing else: no rank,
-        no order of draws. A counter-based generator does it: NumPy's Philox takes a key and a
-        counter and starts its stream there, so the stream of global row r can start at counter r
-        without drawing rows 0 ... r-1. The lesson: minipar/nn/dropout.py, docs/train.md.""",
-        """key -> Philox's 128-bit key: np.random.SeedSequence(list(key)).generate_state(2, np.uint64).
-        For each global row r of rows: u = Generator(Philox(key=k, counter=[0, r, 0, 0])).random((T, D)),
-        the whole row; keep u[positions, lo:hi] >= p. Stack the rows.""",
-        """
-        k = np.random.SeedSequence(list(key)).generate_state(2, np.uint64)
-        lo, hi = cols
-        u = [np.random.Generator(np.random.Philox(key=k, counter=[0, int(r), 0, 0])).random(shape) for r in rows]
-        return np.stack([row[np.asarray(positions)][:, lo:hi] >= p for row in u])
-        """,
-    ),
-    "5.6": (
-        """Every rank adds the squares of the elements it answers for, one all-reduce (sum) over the
-        whole grid adds those up, and the norm is the square root. The work is choosing what a rank
-        answers for, so that each element of the model is counted once: a TP shard by its TP rank,
-        a parameter held whole on every TP rank by one of them, the tied embedding by one end of
-        the pipeline, a ZeRO shard by its dp rank. The trainer: Trainer.grad_norm and counted_here
-        in minipar/train/trainer.py.""",
-        """d, p, t = grid.coords. Skip a piece that is not split (whole on every TP rank) unless t == 0;
-        skip 'wte' on the last stage when grid.pp.size > 1 (the first stage counts it); of the rest
-        add np.sum(g[lo:hi] ** 2): the other elements are other dp ranks' (NaN here). Then
-        all_reduce(grid.world, np.array([mine])) and the square root.""",
-        """
-        d, p, t = grid.coords
-        mine = 0.0
-        for name, g, split, (lo, hi) in grads:
-            if (split or t == 0) and not (name == "wte" and p == grid.pp.size - 1 and p > 0):
-                mine += float(np.sum(g[lo:hi] ** 2))
-        return math.sqrt(float(all_reduce(grid.world, np.array([mine]))[0]))
-        """,
-    ),
+    **STEP_HINTS,
+    **DROPOUT_HINTS,
+    **NORM_HINTS,
 }
 
 
@@ -313,8 +273,8 @@ def check_cross_entropy(comm, fn):
     for case, logits, labels, dtype, tol in ce_cases(p):
         logits = logits.astype(dtype)
         want_loss, want_d = cross_entropy(logits.astype(np.float64), labels)
-        handed = watched(poisoned(logits, (..., slice(lo, hi))))
-        g = graded(comm, lambda: fn(comm, handed, labels.copy()))
+        handed = watched(comm.asarray(poisoned(logits, (..., slice(lo, hi)))))
+        g = graded(comm, lambda: fn(comm, handed, comm.asarray(labels.copy())))
         label = f"{case}; logits ({B}, {T}, {V}) on {p} rank{'s' if p > 1 else ''}"
         fails = no_builtin(comm, g, "vocab_parallel_cross_entropy", INSTEAD)
         if not fails and not (isinstance(g.out, tuple) and len(g.out) == 2):
@@ -343,7 +303,7 @@ def check_cross_entropy(comm, fn):
                                             f"[sum of exps, label logit] ({case})", nbytes,
                                    hint="3N numbers per rank travel, the logits never do; the max comes first "
                                         "(op=\"max\"), the sums after")
-        fails = fails or used_only_own(comm, {"logits": (handed, handed[..., lo:hi].size, owns)},
+        fails = fails or used_only_own(comm, {"logits": (handed, B * T * (hi - lo), owns)},
                                        "vocab_parallel_cross_entropy")
         fails = fails or sent_by_learner(comm, g, fn, "vocab_parallel_cross_entropy", INSTEAD, COLLECTIVES)
         if stop(comm, fails):
@@ -363,7 +323,7 @@ def check_sync_tied(comm, fn):
         first, last = draw(*shape, seed=11), draw(*shape, seed=12)  # the two stages' shares
         mine = (first if r == 0 else last).copy() if end else None
         want = first + last if p > 1 else first
-        g = graded(comm, lambda: fn(comm, None if mine is None else mine.copy()))
+        g = graded(comm, lambda: fn(comm, None if mine is None else comm.asarray(mine.copy())))
         case = f"shape {shape}, pipeline of {p} stage{'s' if p > 1 else ''}"
         fails = no_builtin(comm, g, "sync_tied", INSTEAD)
         got = g.out
@@ -395,9 +355,10 @@ def check_sync_tied(comm, fn):
 
 def demo(comm, grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step, dropout_mask=None,
          global_grad_norm=None):
-    """What ``mpiexec -n P python -m mpi4py labs/05_3d/exercise.py`` shows: each task run once on
-    these ranks with the learner's function, against minipar's answer; "not implemented yet"
-    where it still raises."""
+    """What ``mpiexec -n P python -m mpi4py labs/05_3d/exercise.py`` (or ``torchrun --standalone
+    --nproc-per-node P ...``) shows: each task run once on these ranks with the learner's
+    function, on the backend's arrays, against minipar's answer; "not implemented yet" where it
+    still raises."""
     p, r = comm.size, comm.rank
     grid = {1: (1, 1, 1), 2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 2, 2)}.get(p)
     if r == 0:
@@ -410,11 +371,12 @@ def demo(comm, grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step,
             print(f"   rank {w}: {why or got}{ok}", flush=True)
     case, logits, labels, dtype, _ = ce_cases(p)[1]
     lo, hi = chunk_bounds(V, p)[r]
-    out, why = attempt(lambda: vocab_parallel_cross_entropy(comm, poisoned(logits, (..., slice(lo, hi))), labels))
+    out, why = attempt(lambda: vocab_parallel_cross_entropy(comm, comm.asarray(poisoned(logits, (..., slice(lo, hi)))),
+                                                            comm.asarray(labels)))
     if r == 0:
         want = float(cross_entropy(logits, labels)[0])
         print(f"\n== 5.2 {case}, {p} ranks: your loss {why or float(to_numpy(out[0]))}, one process {want}", flush=True)
-    tied = draw(12, 8, seed=11 + (r == p - 1)) if r in (0, p - 1) else None
+    tied = comm.asarray(draw(12, 8, seed=11 + (r == p - 1))) if r in (0, p - 1) else None
     out, why = attempt(lambda: sync_tied(comm, tied))
     got = comm.builtin.allgather_object(why or (float(np.sum(to_numpy(out))) if r in (0, p - 1) else None))
     if r == 0:
@@ -449,7 +411,7 @@ def demo(comm, grid_groups, vocab_parallel_cross_entropy, sync_tied, train_step,
 
         g3 = Grid(comm, *grid)
         pieces, full = norm_pieces(*grid, g3.coords, 0)
-        got, why = attempt(lambda: global_grad_norm(g3, pieces))
+        got, why = attempt(lambda: global_grad_norm(g3, [(n, comm.asarray(g), s, c) for n, g, s, c in pieces]))
         got = comm.builtin.allgather_object(why or float(to_numpy(got)))
         if r == 0:
             want = float(np.sqrt(sum(float(np.sum(g * g)) for g in full.values())))

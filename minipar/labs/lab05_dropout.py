@@ -15,6 +15,25 @@ import numpy as np
 from ..xp import chunk_bounds, to_numpy
 from .checks import expect_traffic, graded, no_builtin, stop
 
+# Task 5.5's hints, stage by stage (`minipar check 05 --hint 5.5`; lab05.HINTS holds every task's).
+DROPOUT_HINTS = {
+    "5.5": (
+        """A mask that is a function of (key, the element's global index) and of nothing else: no rank,
+        no order of draws. A counter-based generator does it: NumPy's Philox takes a key and a
+        counter and starts its stream there, so the stream of global row r can start at counter r
+        without drawing rows 0 ... r-1. The lesson: minipar/nn/dropout.py, docs/train.md.""",
+        """key -> Philox's 128-bit key: np.random.SeedSequence(list(key)).generate_state(2, np.uint64).
+        For each global row r of rows: u = Generator(Philox(key=k, counter=[0, r, 0, 0])).random((T, D)),
+        the whole row; keep u[positions, lo:hi] >= p. Stack the rows.""",
+        """
+        k = np.random.SeedSequence(list(key)).generate_state(2, np.uint64)
+        lo, hi = cols
+        u = [np.random.Generator(np.random.Philox(key=k, counter=[0, int(r), 0, 0])).random(shape) for r in rows]
+        return np.stack([row[np.asarray(positions)][:, lo:hi] >= p for row in u])
+        """,
+    ),
+}
+
 
 DB, DT, DD = 8, 8, 24  # a site's global (batch, positions, columns): divisible by 2 and 4, zigzag over 2 and 4
 KEYS = [(0, 3, 1, 2), (7, 0, 5, 1)]  # (seed, step, layer, site)

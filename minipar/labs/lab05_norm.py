@@ -18,6 +18,31 @@ from .checks import COLLECTIVES, draw, graded, no_builtin, poisoned, sent_by_lea
 
 INSTEAD = "minipar.collectives.all_reduce (a ring on send/recv) or comm.sendrecv"
 
+# Task 5.6's hints, stage by stage (`minipar check 05 --hint 5.6`; lab05.HINTS holds every task's).
+NORM_HINTS = {
+    "5.6": (
+        """Every rank adds the squares of the elements it answers for, one all-reduce (sum) over the
+        whole grid adds those up, and the norm is the square root. The work is choosing what a rank
+        answers for, so that each element of the model is counted once: a TP shard by its TP rank,
+        a parameter held whole on every TP rank by one of them, the tied embedding by one end of
+        the pipeline, a ZeRO shard by its dp rank. The trainer: Trainer.grad_norm and counted_here
+        in minipar/train/trainer.py.""",
+        """d, p, t = grid.coords. Skip a piece that is not split (whole on every TP rank) unless t == 0;
+        skip 'wte' on the last stage when grid.pp.size > 1 (the first stage counts it); of the rest
+        add (g[lo:hi] ** 2).sum(): the other elements are other dp ranks' (NaN here). Keep the sum in
+        an array of one element (zeros((1,), like=g) from minipar.xp, in float64), all_reduce it over
+        grid.world, and take the square root.""",
+        """
+        d, p, t = grid.coords
+        mine = zeros((1,), like=grads[0][1])
+        for name, g, split, (lo, hi) in grads:
+            if (split or t == 0) and not (name == "wte" and p == grid.pp.size - 1 and p > 0):
+                mine += (g[lo:hi] ** 2).sum()
+        return math.sqrt(float(all_reduce(grid.world, mine)[0]))
+        """,
+    ),
+}
+
 
 NC, NV, NT, NL = 8, 24, 6, 4  # a tiny GPT: width, vocabulary, positions, layers (4: over 1, 2 or 4 stages)
 LAYER = {"ln1.gamma": ((NC,), None), "attn.qkv.w": ((NC, 3 * NC), 1), "attn.proj.w": ((NC, NC), 0),
@@ -102,7 +127,7 @@ def check_grad_norm(comm, fn):
             pieces, full = norm_pieces(dp, pp, tp, grid.coords, seed)
             want = float(np.sqrt(sum(float(np.sum(g * g)) for g in full.values())))
             case = f"dp{dp} pp{pp} tp{tp}, rank {r} at (d, p, t) = {grid.coords}, seed {seed}"
-            g = graded(comm, lambda: fn(grid, [(n, a.copy(), s, c) for n, a, s, c in pieces]))
+            g = graded(comm, lambda: fn(grid, [(n, comm.asarray(a.copy()), s, c) for n, a, s, c in pieces]))
             fails = no_builtin(comm, g, "global_grad_norm", INSTEAD)
             got = None
             if not fails:

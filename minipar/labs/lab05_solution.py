@@ -6,6 +6,7 @@ import numpy as np
 from ..collectives import all_reduce
 from ..grid import AXES, axis_color
 from ..tensor_parallel import vocab
+from ..xp import zeros
 
 
 def grid_groups(dp, pp, tp, rank):
@@ -61,9 +62,9 @@ def global_grad_norm(grid, grads):
     rank on TP rank 0, the tied embedding on the first stage; its ZeRO shard over dp), then one
     all-reduce over the world."""
     d, p, t = grid.coords
-    mine = 0.0
+    mine = zeros((1,), like=grads[0][1])  # the backend's kind, float64
     for name, g, split, (lo, hi) in grads:
         tied_copy = name == "wte" and p == grid.pp.size - 1 and p > 0
         if (split or t == 0) and not tied_copy:
-            mine += float(np.sum(g[lo:hi] ** 2))
-    return math.sqrt(float(all_reduce(grid.world, np.array([mine]))[0]))
+            mine += (g[lo:hi] ** 2).sum()
+    return math.sqrt(float(all_reduce(grid.world, mine)[0]))

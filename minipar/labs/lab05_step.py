@@ -15,8 +15,9 @@ the learner's ``train_step``:
   shows, with the bytes by communicator;
 * values: every gradient equals the one-process gradient of the global batch, sliced to this
   rank's shard (float64, 1e-12: only the order of the sums differs), with the typical mistakes
-  named: gradients not zeroed, summed instead of averaged, the tied gradient not summed, an
-  array replaced instead of written into;
+  named: gradients not zeroed, summed instead of averaged, divided by another count than
+  grid.dp.size (every gradient off by the same factor, named before any single gradient), the
+  tied gradient not summed (looked at last), an array replaced instead of written into;
 * ``comm.builtin`` is refused, and every message besides the pipeline's (the grader's callback)
   must be the learner's own: sent by their code, through minipar.collectives at most.
 """
@@ -32,6 +33,24 @@ from ..xp import to_numpy
 from .checks import COLLECTIVES, chunk_counts, compare, graded, no_builtin, ring_traffic, sent_by_learner, stop
 
 INSTEAD = "minipar.collectives (all_reduce, ...: rings on send/recv) or comm.sendrecv"
+
+# Task 5.4's hints, stage by stage (`minipar check 05 --hint 5.4`; lab05.HINTS holds every task's).
+STEP_HINTS = {
+    "5.4": (
+        """One step's gradients: zero them, run the pipeline once (every micro-batch accumulates into
+        grads), add the tied copies (5.3 over grid.pp), then average over the data-parallel group:
+        once, after the flush, not per micro-batch.""",
+        """Write into the arrays (g[...] = ...): the caller holds them. Every stage calls sync_tied
+        (with None in the middle), and the sum goes back into tied[...] where it returns one; the average is all_reduce(grid.dp, g) / grid.dp.size.""",
+        """
+        for g in grads: g[...] = 0
+        pipeline()
+        summed = sync_tied(grid.pp, tied)       # on every stage: a pp.split inside needs them all
+        if summed is not None: tied[...] = summed
+        for g in grads: g[...] = all_reduce(grid.dp, g) / grid.dp.size
+        """,
+    ),
+}
 
 MODEL = dict(vocab=24, d_model=8, n_heads=2, n_layers=4, seq_len=4)  # every gradient's size divides by 2
 STEP_GRIDS = {  # (dp, pp, tp, schedule, micro-batches): every schedule, every pair of axes, then all three
@@ -84,7 +103,7 @@ class Step:
             want = local_shards(st, full)
             for name, g in st.named_grads():
                 stale = np.random.default_rng([zlib.crc32(name.encode()), s, t]).standard_normal(g.shape)
-                g[...] = stale  # the previous step's gradients: the same on every replica
+                g[...] = comm.asarray(stale)  # the previous step's gradients: the same on every replica
                 self.named.append((s, name, g, want[name], stale))
         self.grads = [g for _, _, g, _, _ in self.named]
         S = tr.schedule.total_stages
@@ -137,10 +156,12 @@ def step_traffic(comm, run, st: Step):
 
 def step_values(comm, st: Step, handed):
     """The gradients against the one-process gradients of the global batch, with the typical
-    mistakes named. ``handed``: the list the learner got, to tell a replaced array."""
+    mistakes named. ``handed``: the list the learner got, to tell a replaced array. The tied
+    embedding's gradient is looked at last: when every gradient is off, the message names what
+    is wrong with all of them (a scale: the wrong divisor), not the tied sum."""
     r, dp = comm.rank, st.cfg.dp
-    for (s, name, g, want, stale), mine in zip(st.named, handed):
-        got = to_numpy(g)
+    entries = [(s, name, g, want, stale, mine, to_numpy(g)) for (s, name, g, want, stale), mine in zip(st.named, handed)]
+    for s, name, g, want, stale, mine, got in entries:
         what = f"stage {s}'s gradient {name} (its tp shard)"
         if mine is not g and not np.allclose(got, want, rtol=1e-10, atol=1e-15):
             return [f"rank {r}: {what} is wrong, and its entry of grads was replaced by a new array: write into the "
@@ -151,7 +172,14 @@ def step_values(comm, st: Step, handed):
                     f"({st.label})"]
         if dp > 1 and np.allclose(got, want * dp, rtol=1e-10, atol=1e-15):
             return [f"rank {r}: {what} is the sum over the {dp} replicas, not the average: divide by dp ({st.label})"]
-        if st.tied is not None and g is st.tied and st.cfg.pp > 1 and not np.allclose(got, want, rtol=1e-10, atol=1e-15):
+    tied = [e for e in entries if st.tied is not None and e[2] is st.tied and st.cfg.pp > 1]
+    untied = [e for e in entries if not any(e is t for t in tied)]
+    scaled = uniform_scale(comm, st, untied)
+    if scaled:
+        return [scaled]
+    for s, name, g, want, stale, mine, got in untied + tied:
+        what = f"stage {s}'s gradient {name} (its tp shard)"
+        if tied and g is st.tied and not np.allclose(got, want, rtol=1e-10, atol=1e-15):
             return [f"rank {r}: {what}, the tied embedding's, is wrong ({st.label}): stage 0 and stage "
                     f"{st.tr.schedule.total_stages - 1} each hold one use's share; sum it over the two ends "
                     f"(your sync_tied) before averaging"]
@@ -160,6 +188,24 @@ def step_values(comm, st: Step, handed):
             return [fails[0] + "; expected: the gradient of the global batch's mean loss, the pipeline's per-replica "
                                "gradients averaged over grid.dp (the ranks with the same (pp, tp))"]
     return []
+
+
+def uniform_scale(comm, st: Step, entries):
+    """A message when every gradient of ``entries`` is the expected one times the same factor c != 1
+    (the sum divided by something other than grid.dp.size), else None."""
+    got = np.concatenate([e[6].ravel() for e in entries]) if entries else np.zeros(0)
+    want = np.concatenate([e[3].ravel() for e in entries]) if entries else np.zeros(0)
+    if not np.any(want != 0) or np.allclose(got, want, rtol=1e-10, atol=1e-15):
+        return None
+    c = float(np.dot(got, want) / np.dot(want, want))
+    if not np.allclose(got, c * want, rtol=1e-9, atol=1e-15) or c <= 0:
+        return None
+    dp = st.cfg.dp
+    by = dp / c  # what the sum over grid.dp was divided by
+    said = f"divided by {round(by)}" if abs(by - round(by)) < 1e-9 else f"scaled by {c:.6g}"
+    return (f"rank {comm.rank}: every gradient is {c:.6g} times the gradient of the global batch ({st.label}): the sum "
+            f"over grid.dp was {said}; the average over the replicas divides it by grid.dp.size = {dp} once (the "
+            f"ranks along pp and tp hold other stages and other shards, not copies of these gradients)")
 
 
 def check_train_step(comm, fn):

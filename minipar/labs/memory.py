@@ -15,7 +15,9 @@ Only array memory counts, on both backends, so one formula holds for both:
 
 Python's own objects (the trace's events, caches) are left out: their bytes depend on the hash
 seed, on when the cyclic collector runs and on the watchdog's thread, so a count that included
-them (``tracemalloc``'s total) changed from run to run.
+them (``tracemalloc``'s total) changed from run to run. So are the communicator's own buffers
+(torch's host staging of a GPU tensor, a contiguous copy made to send): the transport's, not the
+learner's. The count is then the same on both backends, and from run to run.
 
 At each new peak, the arrays then alive are written down (:class:`Held`): bytes, dtype, shape,
 the name that holds them (a local variable of a running function: ``w`` of ``zero3_forward``)
@@ -39,12 +41,14 @@ import numpy as np
 from ..trace import in_library, shown
 from ..xp import is_torch, namespace
 
-FRAMES = 12  # frames tracemalloc keeps per allocation: enough to reach the learner's line
+FRAMES = 8  # frames tracemalloc keeps per allocation: enough to reach the learner's line
 _ENGINES = tuple(sorted({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
                          for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 _HERE = os.path.abspath(__file__)
 _MINIPAR = os.path.dirname(os.path.dirname(_HERE))
-_BOOKKEEPING = (os.path.join(_MINIPAR, "comm") + os.sep, os.path.join(_MINIPAR, "trace.py"))
+_COMM = os.path.join(_MINIPAR, "comm") + os.sep
+_BOOKKEEPING = (_COMM, os.path.join(_MINIPAR, "trace.py"),
+                os.path.join(_MINIPAR, "xp.py"))  # no array is kept here: what they make shows in their caller
 
 
 @functools.cache
@@ -58,6 +62,12 @@ def _kind(filename) -> str:
         return "other" if os.path.dirname(path) == os.path.dirname(_HERE) and not path.endswith(
             "_solution.py") else "minipar"
     return "user"
+
+
+@functools.cache
+def _bookkeeping(filename) -> bool:
+    """minipar's communicator, tracer or array helpers: code that keeps no array of the learner's."""
+    return os.path.abspath(filename).startswith(_BOOKKEEPING)
 
 
 def _line(path, lineno) -> str:
@@ -81,12 +91,25 @@ class Held:
 
 def _made(frames) -> str:
     """Where an allocation was made, from its frames (innermost first: (path, line)): the
-    learner's line, after minipar's line that made it for the learner when there is one."""
-    user = next(((p, n) for p, n in frames if _kind(p) == "user"), None)
-    inner = next(((p, n) for p, n in frames if _kind(p) != "other"), None)
-    if inner is not None and _kind(inner[0]) == "minipar":
-        return f"in {shown(os.path.abspath(inner[0]))}:{inner[1]}" + (f", called at {_line(*user)}" if user else "")
-    return f"at {_line(*user)}" if user else ""
+    learner's line, after the line of the minipar function the learner called when that made it."""
+    called = None  # the outermost frame of minipar's below the learner's
+    for path, line in frames:
+        kind = _kind(path)
+        if kind == "user":
+            at = _line(path, line)
+            return f"in {shown(os.path.abspath(called[0]))}:{called[1]}, called at {at}" if called else f"at {at}"
+        if kind == "minipar":
+            called = (path, line)
+    return f"in {shown(os.path.abspath(called[0]))}:{called[1]}" if called else ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _transport(frames) -> bool:
+    """An allocation made by the communicator itself (frames innermost first): a buffer that carries
+    a message (torch's host staging of a GPU tensor, a contiguous copy to send), the engine's,
+    not the learner's."""
+    inner = next((p for p, _ in frames if _kind(p) != "other"), None)
+    return inner is not None and os.path.abspath(inner).startswith(_COMM)
 
 
 def _stack(frame):
@@ -95,7 +118,7 @@ def _stack(frame):
     while frame is not None:
         out.append((frame.f_code.co_filename, frame.f_lineno))
         frame = frame.f_back
-    return out
+    return tuple(out)
 
 
 def _owner(a):
@@ -107,18 +130,20 @@ def _owner(a):
     return None
 
 
-def _names(frame, key, keep=None):
-    """{key(array): (name, the array)} for the arrays the running functions hold in a local
-    variable (or in a list, tuple or dict there, ``shards[2]``), innermost function first.
+def _names(frame, key, traced):
+    """{key(array): (name, the array)} for the arrays the running functions (the learner's and
+    minipar's, its communicator and helpers aside) hold in a local variable (or in a list, tuple
+    or dict there, ``shards[2]``), innermost function first.
 
-    Before Python 3.13, reading a frame's ``f_locals`` fills a dict on the frame that holds every
-    local as it was then: an array the function frees afterwards would stay alive in it, as long
-    as the frame object lives. So each dict read is emptied again, except ``keep``'s: the frame a
-    trace function is being called for, whose dict Python writes back into the function's
-    variables when the trace function returns (emptied, it would delete them)."""
+    Before Python 3.13, reading a function's ``f_locals`` fills a dict on the frame with its
+    locals as they are then, and the dict keeps them alive until it is read again: an array the
+    function frees afterwards would stay alive in it. traced: read only the frames our trace
+    function follows (NumPy), which reads their dicts again at each of their events; else each
+    dict read is emptied and let go again (:func:`_forget`)."""
     out = {}
     while frame is not None:
-        if _kind(frame.f_code.co_filename) != "other":
+        path = frame.f_code.co_filename
+        if _kind(path) != "other" and not _bookkeeping(path) and (frame.f_trace is not None or not traced):
             where = frame.f_code.co_name
             local = frame.f_locals
             for name, value in list(local.items()):
@@ -129,10 +154,24 @@ def _names(frame, key, keep=None):
                     k = key(v)
                     if k is not None and k not in out:
                         out[k] = (f"{label} of {where}", v)
-            if frame is not keep and frame.f_code.co_flags & inspect.CO_OPTIMIZED and sys.version_info < (3, 13):
-                local.clear()  # a function's snapshot (a module's f_locals is the module itself)
+            if not traced and frame.f_code.co_flags & inspect.CO_OPTIMIZED and sys.version_info < (3, 13):
+                _forget(frame, local)
         frame = frame.f_back
     return out
+
+
+def _forget(frame, local):
+    """Empty ``frame``'s ``f_locals`` dict, just read, and mark it unused (Python < 3.13).
+
+    Python fills a used dict again at the next event of a profile or trace function (the lab
+    grader's ``sys.setprofile``) and keeps it after, with the arrays in it; ``PyFrame_LocalsToFast``
+    with clear=0 marks it unused, and writes nothing back from an empty dict."""
+    import ctypes
+
+    local.clear()
+    to_fast = ctypes.pythonapi.PyFrame_LocalsToFast
+    to_fast.argtypes, to_fast.restype = [ctypes.py_object, ctypes.c_int], None
+    to_fast(frame, 0)
 
 
 def _describe(a) -> str:
@@ -155,7 +194,7 @@ class Memory:
         self.peak, self.at_peak, self.active, self._paused = 0, [], True, False
         self._seen = []  # at the peak: [(bytes, name, what, frames innermost first)], written out at the end
         if self.torch:
-            self._live, self._held = {}, 0  # id(storage) -> (bytes, frames where it was made)
+            self._live, self._held, self._pending = {}, 0, False  # id(storage) -> (bytes, frames where made)
             self._mode = _storage_mode()(self)
             self._mode.__enter__()
         else:
@@ -164,7 +203,7 @@ class Memory:
             if self.own:
                 tracemalloc.start(FRAMES)
             self.base = sum(size for size, _ in _numpy_buffers())
-            self._last = self._event = None
+            self._last = None
             self._before = sys.gettrace()
             sys.settrace(self._call)
         return self
@@ -210,23 +249,23 @@ class Memory:
     def _call(self, frame, event, arg):
         """sys.settrace's hook for a new frame: look after every bytecode of the learner's code
         and every line of minipar's; Python's and NumPy's own functions (and minipar's
-        communicator and tracer, which keep no array) run whole between two looks."""
+        communicator, tracer and array helpers, which keep no array) run whole between two looks."""
         kind = _kind(frame.f_code.co_filename)
-        if kind == "other" or frame.f_code.co_filename.startswith(_BOOKKEEPING):
+        if kind == "other" or _bookkeeping(frame.f_code.co_filename):
             return None
         if kind == "user":
             frame.f_trace_opcodes = True
         return self._step
 
     def _step(self, frame, event, arg):
-        """A look, when anything was allocated or freed since the last one (a new NumPy buffer
-        changes tracemalloc's total)."""
+        """A look, when tracemalloc's total changed since the last one: every allocation changes it,
+        so a look is skipped only where nothing was allocated (or, by chance, exactly as many
+        bytes were freed as a new buffer holds)."""
+        frame.f_locals  # the frame's dict, if a look read it, follows its variables (see _names)
         if not self._paused:
             now = tracemalloc.get_traced_memory()[0]
             if now != self._last:
-                self._event = frame
                 self._look(frame)
-                self._event = None
                 self._last = tracemalloc.get_traced_memory()[0]
         return self._step
 
@@ -236,15 +275,15 @@ class Memory:
         def key(v):
             o = _owner(v)
             tb = tracemalloc.get_object_traceback(o) if o is not None else None
-            return (o.nbytes, tuple((f.filename, f.lineno) for f in tb)) if tb is not None else None
+            return (o.nbytes, tuple((f.filename, f.lineno) for f in reversed(tb))) if tb is not None else None
 
         named = {}
-        for k, (name, a) in _names(frame, key, keep=self._event).items():
+        for k, (name, a) in _names(frame, key, traced=True).items():
             named.setdefault(k, []).append((name, _describe(a)))
         out = []
         for size, frames in buffers:
             name, what = named[(size, frames)].pop(0) if named.get((size, frames)) else ("", "")
-            out.append((size, name, what, frames[::-1]))
+            out.append((size, name, what, frames))
         return out
 
     # ------------------------------------------------------------------ torch: every op's new storages
@@ -253,6 +292,9 @@ class Memory:
         import torch
         from torch.utils._pytree import tree_leaves
 
+        frame = sys._getframe(1)
+        if self._pending and not self._paused:
+            self._name_peak(frame)  # the arrays of the last peak, now that the code holding them has their names
         had = {id(t.untyped_storage()) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):
@@ -261,32 +303,48 @@ class Memory:
             k, n = id(s), s.nbytes()
             if n == 0 or k in had or k in self._live:
                 continue
-            self._live[k] = (n, _stack(sys._getframe(1)))
+            frames = _stack(frame)
+            if _transport(frames):
+                continue
+            self._live[k] = (n, frames)
             self._held += n
+            self._pending = False
             weakref.finalize(s, self._freed, k)
         if not self._paused:
-            self._peak_now(sys._getframe(1))
+            self._peak_now(frame)
 
     def _freed(self, k):
         n, _ = self._live.pop(k, (0, ()))
         self._held -= n
+        self._pending = False
 
     def _peak_now(self, frame):
-        if self._held <= self.peak:
-            return
-        self.peak = self._held
-        names = _names(frame, lambda v: id(v.untyped_storage()) if is_torch(v) else None)
+        """A new peak: write down what is alive, and name it again at the next op (an op's result
+        has no name yet: ``out = empty(...)`` is named once ``empty`` has returned)."""
+        if self._held > self.peak:
+            self.peak = self._held
+            self._name_peak(frame)
+            self._pending = True
+        elif self._pending:
+            self._name_peak(frame)
+
+    def _name_peak(self, frame):
+        names = _names(frame, lambda v: id(v.untyped_storage()) if is_torch(v) else None, traced=False)
         self._seen = []
         for k, (n, frames) in self._live.items():
             name, a = names.get(k, ("", None))
             self._seen.append((n, name, _describe(a) if a is not None else "", frames))
+        self._pending = False
 
 
 def _numpy_buffers():
-    """[(bytes, frames oldest first)] of every NumPy buffer tracemalloc holds now."""
+    """[(bytes, frames innermost first)] of every NumPy buffer tracemalloc holds now (the
+    communicator's own aside: :func:`_transport`).
+
+    ``tracemalloc._get_traces`` is what ``take_snapshot`` reads: its raw (domain, size, frames,
+    ...) tuples, filtered here at a tenth of the cost of ``Snapshot.filter_traces``."""
     domain = np.lib.tracemalloc_domain
-    return [(t.size, tuple((f.filename, f.lineno) for f in t.traceback))
-            for t in tracemalloc.take_snapshot().traces if t.domain == domain]
+    return [(t[1], t[2]) for t in tracemalloc._get_traces() if t[0] == domain and not _transport(t[2])]
 
 
 @functools.cache
@@ -299,6 +357,13 @@ def _storage_mode():
         def __init__(self, memory):
             super().__init__()
             self.memory = memory
+
+        @classmethod
+        def _should_skip_dynamo(cls):
+            """No torch.compile runs under this mode: leave its __torch_dispatch__ as it is (the
+            default wraps it in torch._dynamo.disable, whose first call imports torch._dynamo, and
+            sympy with it: seconds, on every rank)."""
+            return False
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}

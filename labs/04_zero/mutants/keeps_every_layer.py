@@ -6,14 +6,14 @@ data parallelism, with ZeRO-3's extra traffic on top.
 EXPECT_TASK: 4.5
 EXPECT_MESSAGE: rank 0: the gathered weights of layer 0 are still alive when layer 1 runs
 """
-import numpy as np
+import math
 
 from minipar.collectives import all_gather
 from minipar.labs.lab04_solution import *  # noqa: F401,F403  everything else is right
 
 
 def zero3_forward(comm, shards, shapes, x, layer):
-    full = [all_gather(comm, s)[:int(np.prod(shape))].reshape(shape) for s, shape in zip(shards, shapes)]  # BUG
+    full = [all_gather(comm, s)[:math.prod(shape)].reshape(shape) for s, shape in zip(shards, shapes)]  # BUG
     y = x
     for i, w in enumerate(full):
         y = layer(i, w, y)

@@ -10,16 +10,15 @@ EXPECT_MESSAGE: counted on each of them
 """
 import math
 
-import numpy as np
-
 from minipar.collectives import all_reduce
 from minipar.labs.lab05_solution import *  # noqa: F401,F403  everything else is right
+from minipar.xp import zeros
 
 
 def global_grad_norm(grid, grads):
     d, p, t = grid.coords
-    mine = 0.0
+    mine = zeros((1,), like=grads[0][1])
     for name, g, split, (lo, hi) in grads:  # BUG: no `split or t == 0`
         if not (name == "wte" and p == grid.pp.size - 1 and p > 0):
-            mine += float(np.sum(g[lo:hi] ** 2))
-    return math.sqrt(float(all_reduce(grid.world, np.array([mine]))[0]))
+            mine += (g[lo:hi] ** 2).sum()
+    return math.sqrt(float(all_reduce(grid.world, mine)[0]))

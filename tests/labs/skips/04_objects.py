@@ -1,6 +1,9 @@
 """Skips the technique: state gathered through objects (pickled Python objects, not ranks'
 messages through comm): comm.builtin's object transport, and mpi4py's lowercase calls on the
-communicator's MPI handle.
+communicator's MPI handle. (On torch, torch.distributed's object calls:
+tests/labs/skips/04_torch_objects.py.)
+
+BACKENDS: mpi
 
 EXPECT 4.1: rank 0 sent 0 bytes through comm; one ring all-reduce per gradient (5 gradients of [10, 3, 7, 20, 1] doubles) on 2 ranks sends 328
 EXPECT 4.3: rank 0 called comm.builtin.allgather_object inside zero1_update

@@ -33,8 +33,9 @@ def vocab_parallel_cross_entropy(comm, logits, labels):
 def sync_tied(pp, grad):
     if pp.size == 1:
         return grad
-    dims = all_reduce(pp, np.array(grad.shape if grad is not None else (0, 0), dtype=np.float64), op="max")
-    total = all_reduce(pp, grad if grad is not None else np.zeros(tuple(int(n) for n in dims)))
+    shape = pp.asarray(np.array(grad.shape if grad is not None else (0, 0), dtype=np.float64))
+    dims = all_reduce(pp, shape, op="max")
+    total = all_reduce(pp, grad if grad is not None else pp.asarray(np.zeros(tuple(int(n) for n in dims))))
     return total if grad is not None else None
 
 

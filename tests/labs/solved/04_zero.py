@@ -1,9 +1,11 @@
-"""Lab 04 solved as a learner would, with minipar.collectives and adam_step only (no solution
-module). Must pass `minipar check 04 --file`."""
-import numpy as np
+"""Lab 04 solved as a learner would, with minipar.collectives, adam_step and minipar.xp only (no
+solution module), on NumPy arrays and torch tensors alike. Must pass `minipar check 04 --file`
+on both backends."""
+import math
 
 from minipar.collectives import all_gather, all_reduce, reduce_scatter
 from minipar.optim import adam_step
+from minipar.xp import copy, namespace, size, zeros
 
 
 def average_gradients(comm, grads):
@@ -11,37 +13,37 @@ def average_gradients(comm, grads):
 
 
 def bucketed_average(comm, grads, bucket_bytes):
-    buckets, size = [], 0
+    buckets, used = [], 0
     for i, g in enumerate(grads):
-        if buckets and size + g.nbytes <= bucket_bytes:
+        if buckets and used + g.nbytes <= bucket_bytes:
             buckets[-1].append(i)
-            size += g.nbytes
+            used += g.nbytes
         else:
             buckets.append([i])
-            size = g.nbytes
+            used = g.nbytes
     out = [None] * len(grads)
     for bucket in buckets:
-        flat = all_reduce(comm, np.concatenate([grads[i].ravel() for i in bucket])) / comm.size
+        flat = all_reduce(comm, namespace(grads[0]).concat([grads[i].reshape(-1) for i in bucket])) / comm.size
         at = 0
         for i in bucket:
-            out[i] = flat[at:at + grads[i].size].reshape(grads[i].shape)
-            at += grads[i].size
+            out[i] = flat[at:at + size(grads[i])].reshape(grads[i].shape)
+            at += size(grads[i])
     return out
 
 
 def _pad(x, p):
-    out = np.zeros(-(-x.size // p) * p)
-    out[:x.size] = x
+    out = zeros((-(-size(x) // p) * p,), like=x)
+    out[:size(x)] = x
     return out
 
 
 def zero1_update(comm, param, avg_grad, m, v, step, lr):
     p, r = comm.size, comm.rank
     P, G = _pad(param, p), _pad(avg_grad, p)
-    S = P.size // p
-    shard = P[r * S:(r + 1) * S].copy()
+    S = size(P) // p
+    shard = copy(P[r * S:(r + 1) * S])
     adam_step(shard, G[r * S:(r + 1) * S], m, v, step, lr)
-    return all_gather(comm, shard)[:param.size]
+    return all_gather(comm, shard)[:size(param)]
 
 
 def zero2_grad_shard(comm, grad):
@@ -51,7 +53,7 @@ def zero2_grad_shard(comm, grad):
 def zero3_forward(comm, shards, shapes, x, layer):
     y = x
     for i, (shard, shape) in enumerate(zip(shards, shapes)):
-        w = all_gather(comm, shard)[:int(np.prod(shape))].reshape(shape)
+        w = all_gather(comm, shard)[:math.prod(shape)].reshape(shape)
         y = layer(i, w, y)
         del w  # only the shards stay between layers
     return y
