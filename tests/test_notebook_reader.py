@@ -99,7 +99,7 @@ def test_html_is_one_page_with_every_figure_inline(tmp_path):
     assert base64.b64decode(pngs[0])[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("key", ["09", "00", "zero", ""])
+@pytest.mark.parametrize("key", ["99", "00", "zero", ""])
 def test_an_unknown_notebook_is_one_line_and_exit_2(key, capsys):
     assert main(["notebook", key]) == 2
     out = capsys.readouterr()
