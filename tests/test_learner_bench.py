@@ -149,7 +149,7 @@ def test_bench_tp_file_measures_the_learners_mlp(tmp_path):
         whole = 4 * (d * 4 * d + 4 * d + 4 * d * d + d)  # fc1 (d, 4d) + b, fc2 (4d, d) + b, float32
         assert yours[(2, d)]["weight_bytes"] == whole  # the lab's functions: every rank holds the whole layer
         assert mine[(2, d)]["weight_bytes"] == whole // 2 + 4 * d // 2  # minipar's: half, and fc2's bias whole
-        assert yours[(2, d)]["pairs"] == 2 and yours[(2, d)]["time_vs_minipar"] > 0
+        assert yours[(2, d)]["pairs"] == mine[(2, d)]["pairs"] >= 2 and yours[(2, d)]["time_vs_minipar"] > 0
         assert 0 < yours[(2, d)]["comm_s"] < yours[(2, d)]["time_s"]  # its all-reduces were timed
     assert "yours (column_forward, row_forward, row_backward, column_backward of" in out.stdout
     assert "yours: your TP = 2 step over minipar's (median of the pairs): d = 8: " in out.stdout
