@@ -1,6 +1,6 @@
 # The two commands of the README. Each installs what it needs into .venv first.
 #   make tour    the tour of the lessons on real ranks
-#   make test    the whole test suite: about 24 minutes on 2 cores (21 measured, quiet); it names
+#   make test    the whole test suite: about 45 minutes on 2 cores (45:42 measured, loaded); it names
 #                each test file as it starts (a progress bar per long command: MINIPAR_PROGRESS=1)
 #                (as root it also installs Debian's chromium for tests/test_site.py)
 #   make check   the quick tier: every test that starts no ranks, and lesson 01 end to end on each
