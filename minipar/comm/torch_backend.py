@@ -182,28 +182,24 @@ class ToSelf:
 
     def post(self, x, tag, blocking):
         """A send of ``x`` to oneself: (wait, test) of a posted ``isend``, or done when blocking."""
-        buf, flag = self._match(self.recvs, tag)
-        if buf is not None:
-            self._deliver(x, buf)
+        return self._meet(self.recvs, self.sends, tag, blocking, x.clone(), lambda buf: (x, buf))
+
+    def take(self, buf, tag, blocking):
+        """A receive from oneself into ``buf``: (wait, test) of a posted ``irecv``, or done when blocking."""
+        return self._meet(self.sends, self.recvs, tag, blocking, buf, lambda x: (x, buf))
+
+    def _meet(self, theirs, mine, tag, blocking, kept, pair):
+        """Deliver against the first pending operation of the other kind with ``tag`` (``pair``
+        turns its tensor into (message, buffer)); else block for good, or queue ``kept`` in ``mine``."""
+        other, flag = self._match(theirs, tag)
+        if other is not None:
+            self._deliver(*pair(other))
             flag.set()
             return (lambda: None), (lambda: True)
         if blocking:
             self._never()
         flag = threading.Event()
-        self.sends.append((tag, x.clone(), flag))
-        return (lambda: flag.is_set() or self._never()), flag.is_set
-
-    def take(self, buf, tag, blocking):
-        """A receive from oneself into ``buf``: (wait, test) of a posted ``irecv``, or done when blocking."""
-        x, flag = self._match(self.sends, tag)
-        if x is not None:
-            self._deliver(x, buf)
-            flag.set()
-            return (lambda: True), (lambda: True)
-        if blocking:
-            self._never()
-        flag = threading.Event()
-        self.recvs.append((tag, buf, flag))
+        mine.append((tag, kept, flag))
         return (lambda: flag.is_set() or self._never()), flag.is_set
 
 
